@@ -1,0 +1,5 @@
+import sys
+
+from pdstack.cli import main
+
+sys.exit(main())

@@ -1,0 +1,54 @@
+"""The `pdstack` command line: a thin layer over library functions.
+
+Each subcommand lives in its own module, which exposes
+    register(parser: argparse.ArgumentParser) -> None   # add its arguments
+    run(args: argparse.Namespace) -> int                 # do the work, return the exit code
+and is imported only when that subcommand runs, so `pdstack plan` never imports the simulator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from pdstack.errors import PdstackError
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("pdstack.plan_cmd", "resolve an inventory + host facts into the exact per-server plan"),
+    "preflight": ("pdstack.preflight_cmd", "validate an inventory (and host facts) without touching a host"),
+    "facts": ("pdstack.facts", "print this host's NUMA/GPU facts as JSON (what the facts.d script reports)"),
+    "sim": ("pdstack.sim.cli", "TEST ENGINE: an SGLang-compatible PD worker simulator (never for production)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pdstack", description=__doc__.splitlines()[0], allow_abbrev=False)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_, allow_abbrev=False)
+        p.set_defaults(_module=module)
+        # Registering needs the module; import lazily only for the chosen command.
+        if name in _chosen_command():
+            importlib.import_module(module).register(p)
+    return parser
+
+
+def _chosen_command() -> set[str]:
+    return {a for a in sys.argv[1:] if a in COMMANDS}
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    args = build_parser().parse_args()
+    try:
+        return importlib.import_module(args._module).run(args)
+    except PdstackError as e:
+        print(f"pdstack {args.command}: {type(e).__name__}:\n{e}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
