@@ -23,26 +23,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdstack", description=__doc__.splitlines()[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_, allow_abbrev=False)
         p.set_defaults(_module=module)
         # Registering needs the module; import lazily only for the chosen command.
-        if name in _chosen_command():
+        if name in argv:
             importlib.import_module(module).register(p)
     return parser
 
 
-def _chosen_command() -> set[str]:
-    return {a for a in sys.argv[1:] if a in COMMANDS}
-
-
 def main(argv: list[str] | None = None) -> int:
-    if argv is not None:
-        sys.argv = [sys.argv[0], *argv]
-    args = build_parser().parse_args()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return importlib.import_module(args._module).run(args)
     except PdstackError as e:
