@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Host facts: NUMA nodes (CPUs, memory) and GPUs (index, PCI bus, NUMA node), as JSON.
+
+This file is self-contained (standard library only): the facts role installs it on every host as
+/etc/ansible/facts.d/pdstack.fact, so Ansible reports it as ansible_local.pdstack, and the planner reads the
+same JSON. `pdstack facts` runs it on the controller. Schema (version 1):
+
+  {"schema": 1, "hostname": str, "mem_total_mb": int,
+   "numa_nodes": [{"id": 0, "cpus": "0-31,64-95", "mem_total_mb": int}],
+   "gpus": [{"index": 0, "name": str, "pci_bus_id": str, "numa_node": 0, "memory_mb": int}],
+   "gpu_source": "nvidia-smi" | "simulated" | "none"}
+
+GPUs come from nvidia-smi, and each GPU's NUMA node from /sys/bus/pci/devices/<bus>/numa_node (-1, on a
+one-node machine, means node 0). A host with no NVIDIA GPU may carry /etc/pdstack/simulated-gpus.json, written
+only for the sim TEST ENGINE on CPU test hosts; its GPUs are reported with gpu_source "simulated", which
+preflight refuses for the sglang engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+
+SCHEMA = 1
+SIMULATED_GPUS = "/etc/pdstack/simulated-gpus.json"
+
+
+def parse_cpulist(text: str) -> list[int]:
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-")
+            cpus.extend(range(int(lo), int(hi) + 1))
+        else:
+            cpus.append(int(part))
+    return sorted(set(cpus))
+
+
+def format_cpulist(cpus: list[int]) -> str:
+    """[0, 1, 2, 3, 8] -> '0-3,8' (the form docker --cpuset-cpus and numactl take)."""
+    out, cpus = [], sorted(set(cpus))
+    i = 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _meminfo_mb(text: str) -> int:
+    m = re.search(r"MemTotal:\s+(\d+) kB", text)
+    return int(m.group(1)) // 1024 if m else 0
+
+
+def numa_nodes(sysfs: str = "/sys") -> list[dict]:
+    nodes = []
+    for d in sorted(glob.glob(f"{sysfs}/devices/system/node/node[0-9]*"), key=lambda p: int(p.rsplit("node", 1)[1])):
+        nid = int(d.rsplit("node", 1)[1])
+        cpus = _read(f"{d}/cpulist").strip()
+        nodes.append({"id": nid, "cpus": format_cpulist(parse_cpulist(cpus)), "mem_total_mb": _meminfo_mb(
+            _read(f"{d}/meminfo"))})
+    if not nodes:  # no NUMA support in the kernel: one node holding everything
+        nodes.append({"id": 0, "cpus": format_cpulist(list(range(os.cpu_count() or 1))),
+                      "mem_total_mb": _meminfo_mb(_read("/proc/meminfo"))})
+    return nodes
+
+
+def nvidia_gpus(sysfs: str = "/sys") -> list[dict]:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    out = subprocess.run([smi, "--query-gpu=index,name,pci.bus_id,memory.total", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    gpus = []
+    for line in out.strip().splitlines():
+        index, name, bus, mem = (x.strip() for x in line.split(","))
+        # nvidia-smi prints 00000000:17:00.0; sysfs names it 0000:17:00.0
+        sys_bus = bus.lower()[-12:]
+        try:
+            node = int(_read(f"{sysfs}/bus/pci/devices/{sys_bus}/numa_node").strip())
+        except OSError:
+            node = -1
+        gpus.append({"index": int(index), "name": name, "pci_bus_id": sys_bus, "numa_node": max(node, 0),
+                     "memory_mb": int(float(mem))})
+    return gpus
+
+
+def collect(sysfs: str = "/sys", simulated: str = SIMULATED_GPUS) -> dict:
+    nodes = numa_nodes(sysfs)
+    gpus = nvidia_gpus(sysfs)
+    source = "nvidia-smi" if gpus else "none"
+    if not gpus and os.path.exists(simulated):
+        spec = json.loads(_read(simulated))
+        gpus = [{"index": i, "name": "simulated (pdstack sim test engine)", "pci_bus_id": f"sim:{i}",
+                 "numa_node": int(spec.get("numa_node", 0)), "memory_mb": int(spec.get("memory_mb", 0))}
+                for i in range(int(spec["count"]))]
+        source = "simulated"
+    return {"schema": SCHEMA, "hostname": socket.gethostname(), "mem_total_mb": sum(n["mem_total_mb"] for n in nodes),
+            "numa_nodes": nodes, "gpus": gpus, "gpu_source": source}
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sysfs", default="/sys", help="sysfs root (for tests)")
+
+
+def run(args: argparse.Namespace) -> int:
+    print(json.dumps(collect(args.sysfs), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        print(json.dumps(collect()))
+    except Exception as e:  # a facts.d script must print JSON, or Ansible reports an opaque error
+        print(json.dumps({"schema": SCHEMA, "error": f"{type(e).__name__}: {e}"}))
+        sys.exit(0)

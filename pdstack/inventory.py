@@ -1,0 +1,298 @@
+"""The inventory model: one typed description of a deployment, read from an Ansible inventory's group_vars/host_vars.
+
+Variables (see inventory/production for a commented example; README "Writing a production inventory"):
+
+  group_vars/all/deployment.yml  pdstack_environment   production | local | test
+  group_vars/all/model.yml       pdstack_model          model path on the host, served name, context length, family
+  group_vars/all/image.yml       pdstack_image          image reference and engine (sglang, or the sim test engine)
+  group_vars/all/router.yml      pdstack_router         router policy, admission control, retries, health checks
+  host_vars/<host>/servers.yml   pdstack_servers        the prefill/decode servers of that host
+  host_vars/<host>/*.yml         pdstack_address        address other hosts reach this one at (default: ansible_host)
+
+Groups: `router` (exactly one host) runs sglang-router; `monitoring` (one or more) runs Prometheus/Grafana.
+Prefill and decode hosts are those whose pdstack_servers say so; one host may hold several roles.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdstack.errors import InventoryError
+from pdstack.schema import Field, Schema, plain, validate_field
+
+ENVIRONMENTS = ("production", "local", "test")
+ENGINES = ("sglang", "sim")
+TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")  # SGLang 0.5.23 choices
+HICACHE_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+HICACHE_IO_BACKENDS = ("direct", "kernel")
+HICACHE_MEM_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_first_kv_split", "page_head")
+ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two")
+PREFILL_POLICIES = (*ROUTER_POLICIES, "bucket")
+
+
+def _port(v: Any) -> str | None:
+    return None if 1 <= v <= 65535 else f"{v} is not a TCP port (1-65535)"
+
+
+def _positive(v: Any) -> str | None:
+    return None if v > 0 else f"{v} must be > 0"
+
+
+def _abs_path(v: str) -> str | None:
+    return None if v.startswith("/") else f"{v!r} must be an absolute path on the host"
+
+
+def _gpu_list(v: list) -> str | None:
+    if not v:
+        return "empty GPU list; list the GPU indices this server uses, e.g. [0, 1, 2, 3]"
+    if not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in v):
+        return f"{v!r} must be a list of GPU indices (integers >= 0)"
+    if len(set(v)) != len(v):
+        return f"{v!r} lists a GPU twice"
+    return None
+
+
+def _extra_args(v: dict) -> str | None:
+    bad = [k for k in v if not isinstance(k, str) or k.startswith("-") or not k]
+    if bad:
+        return (f"keys {bad!r} must be SGLang flag names without the leading dashes, e.g. "
+                "'mem-fraction-static: 0.85' for --mem-fraction-static 0.85")
+    return None
+
+
+MODEL = Schema("pdstack_model", {
+    "path": Field((str,), "model directory on the host, mounted read-only into the server", check=_abs_path),
+    "served_name": Field((str,), "name clients ask for (--served-model-name)"),
+    "context_length": Field((int,), "maximum context length in tokens (--context-length)", check=_positive),
+    "family": Field((str,), "model family: deepseek_v4 turns on DeepSeek-V4 rules (no --hicache-size, DSA index keys)",
+                    default="deepseek_v4", choices=("deepseek_v4", "other")),
+    "index_k_dtype": Field((str,), "DSA indexer key dtype: bf16 (pdstack's patch; fixes recall past ~2K tokens) or "
+                           "fp8 (upstream, 132 B/token)", default="bf16", choices=("bf16", "fp8")),
+    "trust_remote_code": Field((bool,), "pass --trust-remote-code", default=True),
+})
+
+IMAGE = Schema("pdstack_image", {
+    "ref": Field((str,), "container image reference the servers and the router run"),
+    "engine": Field((str,), "sglang (the GPU engine) or sim (the TEST ENGINE simulator; never in production)",
+                    default="sglang", choices=ENGINES),
+})
+
+PORTS = Schema("ports", {
+    "http": Field((int,), "HTTP API port (--port); SGLang also serves /metrics here", check=_port),
+    "bootstrap": Field((int,), "PD bootstrap port of a prefill server (--disaggregation-bootstrap-port)",
+                       default=8998, check=_port),
+    "metrics": Field((int,), "metrics port; SGLang 0.5.23 serves /metrics on the HTTP port, so leave unset or equal "
+                     "to http", default=None, check=_port),
+})
+
+HICACHE = Schema("hicache", {
+    "enabled": Field((bool,), "hierarchical (host memory) KV cache (--enable-hierarchical-cache)", default=False),
+    "host_budget_gb": Field((int, float), "host memory for this server's HiCache pool, GB, taken from the server's "
+                            "NUMA node (membind caps it there)", default=None, check=_positive),
+    "device_kv_pool_gb": Field((int, float), "the server's device KV pool over all its GPUs, GB (read it from the "
+                               "server's 'KV Cache is allocated' log line); the ratio is budget / this",
+                               default=None, check=_positive),
+    "write_policy": Field((str,), "--hicache-write-policy", default="write_through", choices=HICACHE_WRITE_POLICIES),
+    "io_backend": Field((str,), "--hicache-io-backend", default="kernel", choices=HICACHE_IO_BACKENDS),
+    "mem_layout": Field((str,), "--hicache-mem-layout", default="page_first", choices=HICACHE_MEM_LAYOUTS),
+})
+
+TRANSFER = Schema("transfer", {
+    "backend": Field((str,), "--disaggregation-transfer-backend", default="mooncake", choices=TRANSFER_BACKENDS),
+    "ib_device": Field((str,), "--disaggregation-ib-device (e.g. mlx5_0); unset: the backend picks", default=None),
+})
+
+SERVER = Schema("server", {
+    "name": Field((str,), "unique server name (unit and container name: pdstack-<name>)"),
+    "role": Field((str,), "prefill or decode", choices=("prefill", "decode")),
+    "gpus": Field((list,), "GPU indices this server uses", check=_gpu_list),
+    "tp_size": Field((int,), "tensor parallel size (--tp-size); must equal the number of GPUs", check=_positive),
+    "numa_node": Field((int,), "NUMA node; taken from the facts (the node the GPUs hang off). Pin it only with "
+                       "numa_override: true", default=None),
+    "numa_override": Field((bool,), "allow numa_node to differ from the GPUs' node", default=False),
+    "ports": Field((dict,), "ports of this server", schema=PORTS),
+    "hicache": Field((dict,), "HiCache policy", default=dict, schema=HICACHE),
+    "transfer": Field((dict,), "KV transfer backend", default=dict, schema=TRANSFER),
+    "extra_args": Field((dict,), "extra SGLang flags, name without dashes -> value (true for a bare flag)",
+                        default=dict, check=_extra_args),
+    "env": Field((dict,), "extra environment variables for the server", default=dict),
+})
+
+ADMISSION = Schema("admission", {
+    "max_concurrent_requests": Field((int,), "requests the router forwards at once; -1 turns admission control off "
+                                     "(--max-concurrent-requests)", default=-1),
+    "queue_size": Field((int,), "requests that wait at the router when all slots are busy; beyond it: 429 "
+                        "(--queue-size)", default=100),
+    "queue_timeout_secs": Field((int,), "seconds a request may wait in the router queue; then 408 "
+                                "(--queue-timeout-secs)", default=60, check=_positive),
+})
+
+RETRIES = Schema("retries", {
+    "max_retries": Field((int,), "retries per request (--retry-max-retries)", default=5),
+    "initial_backoff_ms": Field((int,), "first retry backoff, ms (--retry-initial-backoff-ms)", default=50),
+    "max_backoff_ms": Field((int,), "retry backoff cap, ms (--retry-max-backoff-ms)", default=30000),
+})
+
+HEALTH = Schema("health_check", {
+    "endpoint": Field((str,), "worker endpoint the router polls (--health-check-endpoint)", default="/health"),
+    "interval_secs": Field((int,), "seconds between polls", default=10, check=_positive),
+    "timeout_secs": Field((int,), "poll timeout, seconds", default=5, check=_positive),
+    "failure_threshold": Field((int,), "failed polls before a worker is unhealthy", default=3, check=_positive),
+    "success_threshold": Field((int,), "good polls before it is healthy again", default=2, check=_positive),
+})
+
+ROUTER = Schema("pdstack_router", {
+    "port": Field((int,), "router HTTP port clients use", default=8000, check=_port),
+    "prometheus_port": Field((int,), "router metrics port (--prometheus-port; smg_ metrics)", default=29000,
+                             check=_port),
+    "policy": Field((str,), "load-balancing policy (--policy)", default="round_robin", choices=ROUTER_POLICIES),
+    "prefill_policy": Field((str,), "policy for prefill workers (--prefill-policy)", default=None,
+                            choices=PREFILL_POLICIES),
+    "decode_policy": Field((str,), "policy for decode workers (--decode-policy)", default=None,
+                           choices=ROUTER_POLICIES),
+    "admission": Field((dict,), "admission control: for PD this is where it works (FACTS.md)", default=dict,
+                       schema=ADMISSION),
+    "retries": Field((dict,), "retry settings", default=dict, schema=RETRIES),
+    "health_check": Field((dict,), "worker health checks", default=dict, schema=HEALTH),
+    "request_timeout_secs": Field((int,), "per-attempt request timeout, also caps a whole stream, seconds",
+                                  default=1800, check=_positive),
+    "extra_args": Field((dict,), "extra router flags, name without dashes -> value", default=dict, check=_extra_args),
+})
+
+TOP_LEVEL = {
+    "pdstack_environment": Field((str,), "production, local or test", choices=ENVIRONMENTS),
+    "pdstack_model": Field((dict,), "the served model", schema=MODEL),
+    "pdstack_image": Field((dict,), "the image", schema=IMAGE),
+    "pdstack_router": Field((dict,), "the router", default=dict, schema=ROUTER),
+}
+HOST_LEVEL = {
+    "pdstack_servers": Field((list,), "prefill/decode servers on this host", default=list, item_schema=SERVER),
+    "pdstack_address": Field((str,), "address other hosts reach this host at", default=None),
+    "pdstack_numa_reserve_gb": Field((int, float), "memory per NUMA node kept for the OS and the server processes "
+                                     "themselves (weights staging, pinned buffers), GB; HiCache gets the rest",
+                                     default=32),
+}
+
+
+@dataclass
+class Host:
+    name: str
+    address: str
+    groups: list[str]
+    servers: list[dict[str, Any]]
+    numa_reserve_gb: float
+
+
+@dataclass
+class Deployment:
+    """The whole deployment as typed, defaults-filled mappings."""
+
+    source: str
+    environment: str
+    model: dict[str, Any]
+    image: dict[str, Any]
+    router: dict[str, Any]
+    hosts: dict[str, Host]
+    router_host: str
+    monitoring_hosts: list[str]
+    warnings: list[str] = field(default_factory=list)
+
+    def servers(self) -> list[tuple[Host, dict[str, Any]]]:
+        return [(h, s) for h in self.hosts.values() for s in h.servers]
+
+
+def load_hostvars(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
+    """Read an Ansible inventory the way ansible-playbook does: hostvars (pdstack_* templated) and groups."""
+    from ansible.errors import AnsibleError
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    from ansible.vars.manager import VariableManager
+
+    src = Path(source)
+    if not src.exists():
+        raise InventoryError([f"inventory {str(src)!r} does not exist; pass -i inventory/production (or local, test)"])
+    loader = DataLoader()
+    try:
+        inv = InventoryManager(loader=loader, sources=[str(src)])
+        vm = VariableManager(loader=loader, inventory=inv)
+        hostvars: dict[str, dict[str, Any]] = {}
+        for host in inv.get_hosts():
+            raw = vm.get_vars(host=host)
+            templar = Templar(loader=loader, variables=raw)
+            wanted = {k: raw[k] for k in raw if k.startswith("pdstack_")}
+            hv = plain(templar.template(wanted))
+            hv["ansible_host"] = str(raw.get("ansible_host", host.name))
+            hostvars[host.name] = hv
+        groups = {g: [h.name for h in inv.groups[g].get_hosts()] for g in inv.groups}
+    except AnsibleError as e:
+        raise InventoryError([f"inventory {src}: Ansible could not read it: {e}"]) from e
+    if not hostvars:
+        raise InventoryError([f"inventory {src}: no hosts; list the GPU host(s) in hosts.yml"])
+    return hostvars, groups
+
+
+def build_deployment(hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]], source: str = "?"
+                     ) -> Deployment:
+    """Validate and type the variables. Raises InventoryError listing every problem found."""
+    problems: list[str] = []
+    first = next(iter(hostvars.values()))
+    top: dict[str, Any] = {}
+    for key, f in TOP_LEVEL.items():
+        # group_vars/all values are the same on every host; host-specific overrides of these are not supported.
+        values = {repr(hv.get(key)) for hv in hostvars.values()}
+        if len(values) > 1:
+            problems.append(f"{key}: differs between hosts; set it once in group_vars/all, not per host")
+        top[key] = validate_field(f, first.get(key), key, problems, key in first)
+    # unknown pdstack_* variables are almost always typos
+    known = set(TOP_LEVEL) | set(HOST_LEVEL) | {"pdstack_smoke", "pdstack_monitoring", "pdstack_sim_gpus"}
+    for name, hv in hostvars.items():
+        for k in hv:
+            if k.startswith("pdstack_") and k not in known:
+                hint = difflib.get_close_matches(k, sorted(known), n=1)
+                problems.append(f"{k} (host {name}): unknown pdstack variable"
+                                + (f"; did you mean '{hint[0]}'?" if hint else ""))
+
+    hosts: dict[str, Host] = {}
+    for name, hv in hostvars.items():
+        hs = Schema(f"host {name}", HOST_LEVEL).validate({k: hv[k] for k in HOST_LEVEL if k in hv},
+                                                         f"host_vars/{name}", problems)
+        servers = hs.get("pdstack_servers") or []
+        hosts[name] = Host(
+            name=name,
+            address=hs.get("pdstack_address") or hv.get("ansible_host", name),
+            groups=sorted(g for g, members in groups.items() if name in members and g not in ("all", "ungrouped")),
+            servers=servers,
+            numa_reserve_gb=float(hs.get("pdstack_numa_reserve_gb") or 0),
+        )
+
+    router_hosts = [h for h in groups.get("router", []) if h in hosts]
+    if len(router_hosts) != 1:
+        problems.append(f"group 'router': needs exactly one host, has {router_hosts or 'none'}; put the host that "
+                        "runs sglang-router under the router group in hosts.yml")
+    monitoring = [h for h in groups.get("monitoring", []) if h in hosts]
+    if not monitoring:
+        problems.append("group 'monitoring': empty; put the host that runs Prometheus/Grafana under the "
+                        "monitoring group in hosts.yml")
+
+    if problems:
+        raise InventoryError(problems)
+    return Deployment(
+        source=source,
+        environment=top["pdstack_environment"],
+        model=top["pdstack_model"],
+        image=top["pdstack_image"],
+        router=top["pdstack_router"],
+        hosts=hosts,
+        router_host=router_hosts[0],
+        monitoring_hosts=monitoring,
+    )
+
+
+def load(source: str | os.PathLike) -> Deployment:
+    hostvars, groups = load_hostvars(source)
+    return build_deployment(hostvars, groups, source=str(source))

@@ -1,0 +1,264 @@
+"""The planner: inventory + host facts -> the exact per-server plan.
+
+For each prefill/decode server: GPU list, NUMA node (from the facts), cpuset (that node's CPUs), membind node,
+HiCache ratio with its arithmetic, the full launch argv and environment. For the router: its argv with every
+worker. The serving and router roles render units from this plan and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdstack import flags, preflight
+from pdstack.errors import FactsError, InventoryError
+from pdstack.inventory import Deployment
+
+SGLANG_LAUNCHER = ["python3", "-m", "sglang.launch_server"]
+SIM_LAUNCHER = ["pdstack", "sim"]  # the TEST ENGINE; accepts SGLang's flag names
+ROUTER_LAUNCHER = ["python3", "-m", "sglang_router.launch_router"]
+BF16_INDEX_K_ENV = "PDSTACK_DSV4_BF16_INDEX_K"  # read by our SGLang patch series (kernels/patches)
+
+
+@dataclass
+class HiCachePlan:
+    enabled: bool
+    ratio: float | None = None
+    host_budget_gb: float | None = None
+    device_kv_pool_gb: float | None = None
+    arithmetic: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ServerPlan:
+    host: str
+    address: str
+    name: str
+    role: str
+    unit: str
+    container: str
+    gpus: list[int]
+    tp_size: int
+    numa_node: int
+    numa_source: str
+    cpuset_cpus: str
+    cpuset_mems: str
+    ports: dict[str, int]
+    url: str
+    hicache: HiCachePlan
+    flags: list[str]
+    argv: list[str]
+    env: dict[str, str]
+
+
+@dataclass
+class RouterPlan:
+    host: str
+    address: str
+    port: int
+    prometheus_port: int
+    url: str
+    metrics_url: str
+    prefill: list[dict[str, Any]]
+    decode: list[dict[str, Any]]
+    flags: list[str]
+    argv: list[str]
+
+
+@dataclass
+class Plan:
+    inventory: str
+    environment: str
+    engine: str
+    image: str
+    model: dict[str, Any]
+    servers: list[ServerPlan]
+    router: RouterPlan
+    monitoring_hosts: list[str]
+    warnings: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def for_host(self, host: str) -> Plan:
+        servers = [s for s in self.servers if s.host == host]
+        return Plan(**{**self.__dict__, "servers": servers})
+
+
+def load_facts(path: str | Path | None, hosts: list[str]) -> dict[str, dict]:
+    """Facts per host from a recorded JSON file (one host's facts, or {"host": facts}) or a directory of
+    <host>.json files. None -> no facts."""
+    if path is None:
+        return {}
+    p = Path(path)
+    if p.is_dir():
+        return {f.stem: _read_facts(f) for f in sorted(p.glob("*.json")) if f.stem in hosts}
+    if not p.exists():
+        raise FactsError(f"facts file {p} does not exist; record one with `pdstack facts > FILE` on the host")
+    data = _read_facts(p)
+    if "numa_nodes" in data:  # one host's facts: apply to every host (a recorded single-host topology)
+        return dict.fromkeys(hosts, data)
+    return {h: data[h] for h in hosts if h in data}
+
+
+def _read_facts(p: Path) -> dict:
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise FactsError(f"facts file {p}: {e}") from e
+    if not isinstance(data, dict):
+        raise FactsError(f"facts file {p}: expected a JSON object")
+    return data
+
+
+def hicache_plan(s: dict, facts: dict, node: int, reserve_gb: float) -> HiCachePlan:
+    hc = s["hicache"]
+    if not hc["enabled"]:
+        return HiCachePlan(enabled=False)
+    node_mb = next(n["mem_total_mb"] for n in facts["numa_nodes"] if n["id"] == node)
+    node_gb = node_mb / 1024
+    budget, pool = float(hc["host_budget_gb"]), float(hc["device_kv_pool_gb"])
+    # Round down so the host pool never exceeds its budget.
+    ratio = math.floor(budget / pool * 1000) / 1000
+    lines = [
+        f"NUMA node {node}: {node_mb} MiB = {node_gb:.1f} GiB; membind confines {s['name']} to it",
+        f"  minus pdstack_numa_reserve_gb {reserve_gb:g} GiB -> {node_gb - reserve_gb:.1f} GiB for HiCache on node "
+        f"{node}",
+        f"  host_budget_gb {budget:g} GiB (fits: {node_gb - reserve_gb - budget:.1f} GiB left before other servers "
+        "on the node)",
+        f"  --hicache-ratio = host_budget_gb / device_kv_pool_gb = {budget:g} / {pool:g} = {budget / pool:.4f} "
+        f"-> {ratio:.3f} (rounded down)",
+        f"  host pool = {ratio:.3f} x {pool:g} GiB = {ratio * pool:.1f} GiB",
+    ]
+    return HiCachePlan(enabled=True, ratio=ratio, host_budget_gb=budget, device_kv_pool_gb=pool, arithmetic=lines)
+
+
+def server_flags(dep: Deployment, s: dict, hc: HiCachePlan) -> list[str]:
+    m = dep.model
+    out = ["--model-path", m["path"], "--served-model-name", m["served_name"], "--tp-size", str(s["tp_size"]),
+           "--host", "0.0.0.0", "--port", str(s["ports"]["http"]), "--context-length", str(m["context_length"]),
+           "--disaggregation-mode", s["role"],
+           "--disaggregation-transfer-backend", s["transfer"]["backend"]]
+    if s["role"] == "prefill":
+        out += ["--disaggregation-bootstrap-port", str(s["ports"]["bootstrap"])]
+    if s["transfer"]["ib_device"]:
+        out += ["--disaggregation-ib-device", s["transfer"]["ib_device"]]
+    out += ["--enable-metrics"]
+    if m["trust_remote_code"]:
+        out += ["--trust-remote-code"]
+    if hc.enabled:
+        out += ["--enable-hierarchical-cache", "--hicache-ratio", f"{hc.ratio:.3f}",
+                "--hicache-write-policy", s["hicache"]["write_policy"],
+                "--hicache-io-backend", s["hicache"]["io_backend"],
+                "--hicache-mem-layout", s["hicache"]["mem_layout"]]
+    return out + flags.render_extra(s["extra_args"])
+
+
+def server_env(dep: Deployment, s: dict) -> dict[str, str]:
+    env = {}
+    if dep.model["family"] == "deepseek_v4" and dep.model["index_k_dtype"] == "bf16":
+        env[BF16_INDEX_K_ENV] = "1"
+    env.update({str(k): str(v) for k, v in s["env"].items()})
+    return env
+
+
+def router_flags(dep: Deployment, servers: list[ServerPlan]) -> tuple[list[str], list[dict], list[dict]]:
+    r = dep.router
+    prefill = [{"name": s.name, "url": s.url, "bootstrap_port": s.ports["bootstrap"]}
+               for s in servers if s.role == "prefill"]
+    decode = [{"name": s.name, "url": s.url} for s in servers if s.role == "decode"]
+    out = ["--pd-disaggregation"]
+    for w in prefill:
+        out += ["--prefill", w["url"], str(w["bootstrap_port"])]
+    for w in decode:
+        out += ["--decode", w["url"]]
+    out += ["--host", "0.0.0.0", "--port", str(r["port"]), "--prometheus-port", str(r["prometheus_port"]),
+            "--policy", r["policy"]]
+    if r["prefill_policy"]:
+        out += ["--prefill-policy", r["prefill_policy"]]
+    if r["decode_policy"]:
+        out += ["--decode-policy", r["decode_policy"]]
+    adm, ret, hc = r["admission"], r["retries"], r["health_check"]
+    out += ["--max-concurrent-requests", str(adm["max_concurrent_requests"]),
+            "--queue-size", str(adm["queue_size"]), "--queue-timeout-secs", str(adm["queue_timeout_secs"]),
+            "--retry-max-retries", str(ret["max_retries"]),
+            "--retry-initial-backoff-ms", str(ret["initial_backoff_ms"]),
+            "--retry-max-backoff-ms", str(ret["max_backoff_ms"]),
+            "--health-check-endpoint", hc["endpoint"],
+            "--health-check-interval-secs", str(hc["interval_secs"]),
+            "--health-check-timeout-secs", str(hc["timeout_secs"]),
+            "--health-failure-threshold", str(hc["failure_threshold"]),
+            "--health-success-threshold", str(hc["success_threshold"]),
+            "--request-timeout-secs", str(r["request_timeout_secs"])]
+    return out + flags.render_extra(r["extra_args"]), prefill, decode
+
+
+def make_plan(dep: Deployment, facts: dict[str, dict]) -> Plan:
+    """Validate (static + topology) and plan. Raises InventoryError listing every problem."""
+    problems = preflight.static_problems(dep) + preflight.topology_problems(dep, facts)
+    if problems:
+        raise InventoryError(problems)
+    launcher = SIM_LAUNCHER if dep.image["engine"] == "sim" else SGLANG_LAUNCHER
+    servers: list[ServerPlan] = []
+    for h, s in dep.servers():
+        f = facts[h.name]
+        node = preflight.resolve_node(s, f)
+        if node is None:  # no GPU facts for these indices (caught above); keep mypy and readers honest
+            raise InventoryError([f"host_vars/{h.name} server {s['name']}: cannot tell its NUMA node"])
+        cpus = next(n["cpus"] for n in f["numa_nodes"] if n["id"] == node)
+        hc = hicache_plan(s, f, node, h.numa_reserve_gb)
+        fl = server_flags(dep, s, hc)
+        servers.append(ServerPlan(
+            host=h.name, address=h.address, name=s["name"], role=s["role"], unit=f"pdstack-{s['name']}.service",
+            container=f"pdstack-{s['name']}", gpus=list(s["gpus"]), tp_size=s["tp_size"], numa_node=node,
+            numa_source="override" if s["numa_override"] else "facts", cpuset_cpus=cpus, cpuset_mems=str(node),
+            ports={"http": s["ports"]["http"], "bootstrap": s["ports"]["bootstrap"], "metrics": s["ports"]["http"]},
+            url=f"http://{h.address}:{s['ports']['http']}", hicache=hc, flags=fl, argv=[*launcher, *fl],
+            env=server_env(dep, s)))
+    for sp in servers:
+        err = flags.check_sglang(sp.flags)
+        if err:  # the planner itself rendered something SGLang would refuse: a bug, not a user error
+            raise InventoryError([f"server {sp.name}: SGLang 0.5.23 rejects the rendered argv: {err}"])
+    rf, prefill, decode = router_flags(dep, servers)
+    err = flags.check_router(rf)
+    if err:
+        raise InventoryError([f"pdstack_router: sglang-router 0.3.2 rejects the rendered argv: {err}; check "
+                              "pdstack_router.extra_args"])
+    rh = dep.hosts[dep.router_host]
+    router = RouterPlan(host=rh.name, address=rh.address, port=dep.router["port"],
+                        prometheus_port=dep.router["prometheus_port"], url=f"http://{rh.address}:{dep.router['port']}",
+                        metrics_url=f"http://{rh.address}:{dep.router['prometheus_port']}/metrics",
+                        prefill=prefill, decode=decode, flags=rf, argv=[*ROUTER_LAUNCHER, *rf])
+    return Plan(inventory=dep.source, environment=dep.environment, engine=dep.image["engine"], image=dep.image["ref"],
+                model=dep.model, servers=servers, router=router, monitoring_hosts=dep.monitoring_hosts,
+                warnings=dep.warnings)
+
+
+def render_text(plan: Plan) -> str:
+    """The plan for people."""
+    out = [f"pdstack plan: {plan.inventory} ({plan.environment}, engine {plan.engine}"
+           + (", TEST ENGINE" if plan.engine == "sim" else "") + ")",
+           f"  image  {plan.image}",
+           f"  model  {plan.model['served_name']} from {plan.model['path']} (context {plan.model['context_length']}, "
+           f"index keys {plan.model['index_k_dtype']})", ""]
+    for s in plan.servers:
+        out += [f"{s.role} {s.name} on {s.host} ({s.url})",
+                f"  GPUs {','.join(map(str, s.gpus))}  TP {s.tp_size}  NUMA node {s.numa_node} ({s.numa_source})  "
+                f"cpuset-cpus {s.cpuset_cpus}  cpuset-mems {s.cpuset_mems}"]
+        if s.hicache.enabled:
+            out += ["  HiCache:"] + [f"   {line}" for line in s.hicache.arithmetic]
+        else:
+            out += ["  HiCache: off"]
+        out += [f"  env  {' '.join(f'{k}={v}' for k, v in s.env.items()) or '-'}",
+                f"  argv {' '.join(s.argv)}", ""]
+    r = plan.router
+    out += [f"router on {r.host} ({r.url}, metrics {r.metrics_url})", f"  argv {' '.join(r.argv)}", ""]
+    out += [f"monitoring on {', '.join(plan.monitoring_hosts)}"]
+    out += [f"warning: {w}" for w in plan.warnings]
+    return "\n".join(out)
