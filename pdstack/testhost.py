@@ -243,15 +243,21 @@ def _preflight_build() -> None:
 
 
 class _DebootstrapProgress:
-    """Turns debootstrap's `I: <Verb> <pkg>` lines into a counted progress line with an ETA."""
+    """Turns debootstrap's `I: ...` lines into one progress line: phase, counts, percent and ETA.
 
-    PHASES = ("Retrieving", "Validating", "Unpacking", "Configuring")
+    The package count is known only once downloading ends; from then on each package is unpacked once and
+    configured once, which is what the percentage counts (downloading is given the first DOWNLOAD_SHARE of the bar).
+    On a terminal the line is redrawn in place; in a log it is printed at each phase change and every 10 s.
+    """
+
+    DOWNLOAD_SHARE = 0.4
 
     def __init__(self, out=sys.stderr):
         self.out = out
         self.tty = out.isatty()
         self.t0 = time.monotonic()
-        self.counts = dict.fromkeys(self.PHASES, 0)
+        self.install_t0: float | None = None
+        self.downloaded = self.unpacked = self.configured = 0
         self.phase = "resolving"
         self.last_print = 0.0
         self.last_phase_printed = ""
@@ -260,37 +266,54 @@ class _DebootstrapProgress:
         if not line.startswith("I: "):
             return
         words = line[3:].split()
-        if not words:
+        if len(words) < 2:
             return
-        verb = words[0]
-        if verb in self.counts:
-            self.counts[verb] += 1
-            self.phase = verb.lower()
-        elif verb == "Extracting":
-            self.phase = "extracting"
-        elif verb in ("Installing", "Base", "Checking", "Resolving", "Found"):
-            self.phase = " ".join(words[:3]).rstrip(".")
+        verb, obj = words[0], words[1]
+        pkg = obj not in ("the", "required")  # "Unpacking the base system...", "Configuring required packages..."
+        if verb == "Validating" and obj not in ("Packages", "InRelease", "Release"):
+            self.downloaded += 1
+            self.phase = "downloading"
+        elif verb == "Retrieving":
+            self.phase = "downloading"
+        elif verb in ("Extracting", "Installing"):
+            self.phase = "extracting" if verb == "Extracting" else "installing core packages"
+        elif verb in ("Unpacking", "Configuring"):
+            if self.install_t0 is None:
+                self.install_t0 = time.monotonic()
+            if pkg:
+                if verb == "Unpacking":
+                    self.unpacked += 1
+                else:
+                    self.configured += 1
+            if obj == "the" or self.phase not in ("installing core packages", "installing"):
+                self.phase = "installing"
+        elif verb == "Base":
+            self.phase = "installed"
         self.render()
 
     def fraction(self) -> float | None:
-        total = self.counts["Retrieving"]
-        if total == 0 or self.counts["Validating"] == 0:
-            return None  # the package count is known once validation starts
-        return min(1.0, sum(self.counts.values()) / (4 * total))
+        if self.install_t0 is None or not self.downloaded:
+            return None
+        done = min(1.0, (self.unpacked + self.configured) / (2 * self.downloaded))
+        return self.DOWNLOAD_SHARE + (1 - self.DOWNLOAD_SHARE) * done
 
     def render(self, final: bool = False) -> None:
         now = time.monotonic()
         elapsed = now - self.t0
-        frac = self.fraction()
-        if frac:
-            bar = "#" * int(frac * 30)
-            eta = elapsed / frac - elapsed if frac > 0.05 else None
-            pct = f"[{bar:<30}] {frac * 100:3.0f}%"
-            eta_s = f", ~{eta:.0f} s left" if eta is not None and not final else ""
+        frac = 1.0 if final else self.fraction()
+        if frac is None:
+            bar, eta_s = "[" + " " * 30 + "]    ", ""
         else:
-            pct, eta_s = "[" + " " * 30 + "]   ?%", ""
-        n = self.counts["Retrieving"]
-        text = f"debootstrap {pct} {elapsed:4.0f} s{eta_s}  {self.phase} ({n} packages)"
+            bar = f"[{'#' * int(frac * 30):<30}] {frac * 100:3.0f}%"
+            eta_s = ""
+            part = (frac - self.DOWNLOAD_SHARE) / (1 - self.DOWNLOAD_SHARE)
+            if not final and self.install_t0 is not None and part > 0.1:
+                spent = now - self.install_t0
+                eta_s = f", ~{spent / part - spent:.0f} s left"
+        counts = f"{self.downloaded} packages"
+        if self.install_t0 is not None:
+            counts += f", {self.unpacked} unpacked, {self.configured} configured"
+        text = f"debootstrap {bar} {elapsed:3.0f} s{eta_s}  {self.phase} ({counts})"
         if self.tty:
             self.out.write("\r\033[K[testhost] " + text + ("\n" if final else ""))
             self.out.flush()
@@ -509,16 +532,17 @@ def up(count: int = 1, prefix: str = DEFAULT_PREFIX) -> list[str]:
     c = client()
     tag = ensure_base_image()
     t0 = time.monotonic()
-    net = _ensure_network(c, prefix)
     names = host_names(count, prefix)
-    created, started = [], []
-    for name in names:
-        ct = _get_container(c, name)
+    existing = {name: _get_container(c, name) for name in names}
+    for name, ct in existing.items():  # refuse before changing anything
         if ct is not None and (ct.labels or {}).get(LABEL) != prefix:
             raise TesthostError(
                 f"a container named {name} exists but was not made by pdstack testhost (no {LABEL}={prefix} label)\n"
                 f"Fix: remove it (docker rm -f {name}) or use another prefix"
             )
+    net = _ensure_network(c, prefix)
+    created, started = [], []
+    for name, ct in existing.items():
         if ct is None:
             vol = _ensure_volume(c, name, prefix)
             c.containers.run(

@@ -1,0 +1,231 @@
+"""Local test hosts (pdstack.testhost).
+
+The fast tests need nothing. The slow ones boot real systemd containers on the local Docker engine; they skip only
+when no engine answers (CI starts one with ./dev.sh setup). They use their own random prefix, so they never touch a
+developer's `pdstack-local` hosts, and they remove everything they made.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pdstack import testhost
+from pdstack.errors import PdstackError
+
+REPO = Path(__file__).resolve().parents[1]
+COLLECTIONS = REPO / ".collections"
+
+
+# ---------------------------------------------------------------------------------------------------- fast
+
+
+def test_unreachable_engine_says_how_to_fix(monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with pytest.raises(PdstackError, match=r"\./dev\.sh setup"):
+        testhost.client()
+
+
+def test_build_needs_root(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(PdstackError, match="needs root"):
+        testhost._preflight_build()
+
+
+def test_build_needs_debootstrap(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(testhost, "_debootstrap_bin", lambda: None)
+    with pytest.raises(PdstackError, match=r"debootstrap is not installed[\s\S]*dev\.sh setup"):
+        testhost._preflight_build()
+
+
+def test_base_image_tag_follows_the_recipe(monkeypatch):
+    tag = testhost.base_image_tag()
+    assert tag.startswith("pdstack/testhost-base:") and len(tag.split(":")[1]) == 12
+    assert testhost.base_image_tag() == tag
+    monkeypatch.setattr(testhost, "INCLUDE", (*testhost.INCLUDE, "less"))
+    assert testhost.base_image_tag() != tag
+
+
+@pytest.mark.parametrize("bad", ["", "-x", "a b", "a/b", "x" * 49])
+def test_prefix_is_checked(bad):
+    with pytest.raises(PdstackError, match="invalid test host prefix"):
+        testhost._check_prefix(bad)
+
+
+def test_inventory_reaches_hosts_through_docker_exec(tmp_path):
+    inv = testhost.inventory_for(["h-1", "h-2"])
+    path = testhost.write_inventory(inv, tmp_path / "inv.yml")
+    loaded = yaml.safe_load(path.read_text())
+    assert loaded == inv
+    assert loaded["all"]["vars"] == {
+        "ansible_connection": "community.docker.docker",
+        "ansible_python_interpreter": "/usr/bin/python3",
+    }
+    assert loaded["all"]["children"]["testhosts"]["hosts"] == {
+        "h-1": {"ansible_host": "h-1"},
+        "h-2": {"ansible_host": "h-2"},
+    }
+
+
+def test_debootstrap_progress_counts_packages(capsys):
+    pkgs = [f"p{i}" for i in range(10)]
+    lines = ["I: Retrieving InRelease", "I: Validating Packages"]
+    lines += [f"I: {v} {p} 1.0" for p in pkgs for v in ("Retrieving", "Validating")]
+    lines += [f"I: Extracting {p}..." for p in pkgs[:4]] + ["I: Installing core packages..."]
+    lines += [f"I: Unpacking {p}..." for p in pkgs[:4]] + [f"I: Configuring {p}..." for p in pkgs[:4]]
+    lines += ["I: Unpacking the base system..."] + [f"I: Unpacking {p}..." for p in pkgs[4:]]
+    lines += ["I: Configuring the base system..."] + [f"I: Configuring {p}..." for p in pkgs[4:]]
+    progress = testhost._DebootstrapProgress()
+    fractions = []
+    for line in lines:
+        progress.feed(line)
+        fractions.append(progress.fraction())
+    assert progress.downloaded == progress.unpacked == progress.configured == 10
+    known = [f for f in fractions if f is not None]
+    assert known == sorted(known) and known[-1] == 1.0
+    progress.feed("I: Base system installed successfully.")
+    progress.render(final=True)
+    assert "100%" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ slow (real Docker)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    try:
+        return testhost.client()
+    except PdstackError as e:
+        pytest.skip(f"no Docker engine reachable ({str(e).splitlines()[0]}); ./dev.sh setup starts one")
+
+
+def _prefix() -> str:
+    return f"pdstest-{uuid.uuid4().hex[:6]}"
+
+
+def _labelled(engine, prefix: str) -> dict[str, set[str]]:
+    f = {"label": [f"{testhost.LABEL}={prefix}"]}
+    return {
+        "containers": {c.name for c in engine.containers.list(all=True, filters=f)},
+        "volumes": {v.name for v in engine.volumes.list(filters=f)},
+        "networks": {n.name for n in engine.networks.list(filters=f)},
+    }
+
+
+@pytest.fixture(scope="module")
+def hosts(engine):
+    prefix = _prefix()
+    try:
+        names = testhost.up(count=2, prefix=prefix)
+        yield prefix, names
+    finally:
+        testhost.down(prefix)
+
+
+@pytest.mark.slow
+def test_up_boots_systemd_hosts(engine, hosts):
+    prefix, names = hosts
+    assert names == [f"{prefix}-1", f"{prefix}-2"]
+    for name in names:
+        ct = engine.containers.get(name)
+        assert ct.status == "running"
+        assert ct.labels[testhost.LABEL] == prefix
+        state = ct.exec_run(["systemctl", "is-system-running"]).output.decode().strip()
+        assert state in ("running", "degraded"), f"{name}: systemd says {state}"
+        assert ct.exec_run(["hostname"]).output.decode().strip() == name
+        mounts = {m["Destination"]: m for m in ct.attrs["Mounts"]}
+        assert mounts["/var/lib/docker"]["Name"] == testhost.volume_name(name)
+    assert [row["name"] for row in testhost.status(prefix)] == names
+    assert all(row["systemd"] in ("running", "degraded") and row["ip"] for row in testhost.status(prefix))
+
+
+@pytest.mark.slow
+def test_hosts_answer_ansible_ping(hosts, tmp_path):
+    prefix, names = hosts
+    assert (COLLECTIONS / "ansible_collections/community/docker").is_dir(), "run ./dev.sh setup (extracts .collections)"
+    inv = tmp_path / "inventory.yml"
+    testhost.inventory(prefix, inv)
+    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS), "ANSIBLE_NOCOLOR": "1"}
+    ansible = Path(sys.executable).parent / "ansible"
+    res = subprocess.run(
+        [str(ansible), "-i", str(inv), "all", "-m", "ansible.builtin.ping", "-o"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    for name in names:
+        assert any(line.startswith(f"{name} | SUCCESS") and "pong" in line for line in res.stdout.splitlines()), (
+            res.stdout
+        )
+
+
+@pytest.mark.slow
+def test_second_up_changes_nothing(engine, hosts):
+    prefix, names = hosts
+
+    def snapshot():
+        cts = {n: engine.containers.get(n) for n in names}
+        return _labelled(engine, prefix), {n: (c.id, c.attrs["State"]["StartedAt"]) for n, c in cts.items()}
+
+    before = snapshot()
+    assert testhost.up(count=2, prefix=prefix) == names
+    assert snapshot() == before
+
+
+@pytest.mark.slow
+def test_up_refuses_a_foreign_container_with_a_host_name(engine):
+    prefix = _prefix()
+    image = testhost.ensure_base_image()
+    foreign = engine.containers.create(image, name=f"{prefix}-1")
+    try:
+        with pytest.raises(PdstackError, match="not made by pdstack testhost"):
+            testhost.up(count=1, prefix=prefix)
+        engine.containers.get(foreign.id)  # still there
+    finally:
+        foreign.remove(force=True)
+        testhost.down(prefix)
+
+
+@pytest.mark.slow
+def test_down_removes_exactly_what_up_made(engine, hosts):
+    prefix, names = hosts
+    image = testhost.ensure_base_image()
+    other = f"{prefix}-other"
+    decoys = {
+        # Same naming pattern, no label: down must select by label, not by name.
+        "container": engine.containers.create(image, name=f"{prefix}-3"),
+        "volume": engine.volumes.create(testhost.volume_name(f"{prefix}-3")),
+        "network": engine.networks.create(f"{prefix}-decoy"),
+        # Labelled, but for another prefix.
+        "other": engine.containers.create(image, name=f"{other}-1", labels={testhost.LABEL: other}),
+    }
+    try:
+        expected = {
+            "containers": names,
+            "volumes": [testhost.volume_name(n) for n in names],
+            "networks": [testhost.network_name(prefix)],
+        }
+        assert _labelled(engine, prefix) == {k: set(v) for k, v in expected.items()}
+        assert testhost.down(prefix) == expected
+        assert _labelled(engine, prefix) == {"containers": set(), "volumes": set(), "networks": set()}
+        engine.containers.get(decoys["container"].id)
+        engine.volumes.get(decoys["volume"].name)
+        engine.networks.get(decoys["network"].id)
+        engine.containers.get(decoys["other"].id)
+        engine.images.get(image)  # the base image cache stays
+        assert testhost.down(prefix) == {"containers": [], "volumes": [], "networks": []}
+    finally:
+        decoys["container"].remove(force=True)
+        decoys["other"].remove(force=True)
+        decoys["volume"].remove(force=True)
+        decoys["network"].remove()
