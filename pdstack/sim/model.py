@@ -1,0 +1,163 @@
+"""The TEST ENGINE's deterministic "model": tokenization, prompt rendering, needle retrieval, filler text.
+
+Needle convention (documented in README.md):
+  * a needle is a sentence  `The secret code for <KEY> is <CODE>.`  anywhere in the prompt
+    (<KEY>: any text without '.', '?' or a newline; <CODE>: one run of non-space characters without '.');
+  * the question is  `What is the secret code for <KEY>?`  (the last such question in the prompt counts);
+  * the answer is  `The secret code for <KEY> is <CODE>.`  when the needle's *distance* is within the recall horizon,
+    where distance = prompt tokens from the start of the needle sentence to the end of the prompt
+    (i.e. how far back from the question the model must look);
+  * beyond the horizon the answer has the same shape but a deterministic wrong code (the fp8 index-key collapse:
+    distant tokens never make it into the top-k); a horizon of 0 means unlimited;
+  * a question whose key has no needle before it gets `I do not know the secret code for <KEY>.`
+Any other prompt gets deterministic filler words seeded by the prompt text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import string
+from dataclasses import dataclass
+
+from pdstack.sim.vocab import EOS_ID, PIECE_RE, TOKEN_RE, VOCAB, token_id
+
+NEEDLE_RE = re.compile(r"The secret code for (?P<key>[^.?\n]+?) is (?P<code>[^\s.]+)\.")
+QUESTION_RE = re.compile(r"What is the secret code for (?P<key>[^.?\n]+?)\?")
+
+FILLER_WORDS = (
+    "lorem ipsum dolor sit amet consectetur adipiscing elit sed eiusmod tempor incididunt labore dolore magna "
+    "aliqua river mountain forest garden window morning evening ocean island valley meadow stone silver quiet "
+    "gentle bright ancient distant hidden simple steady careful patient curious"
+).split()
+
+
+def count_tokens(text: str) -> int:
+    return len(TOKEN_RE.findall(text))
+
+
+def tokenize(text: str) -> list[int]:
+    return [token_id(t) for t in TOKEN_RE.findall(text)]
+
+
+def pieces(text: str) -> list[str]:
+    """Split text into streamable token pieces, each with its leading whitespace; ''.join(pieces) == text.strip()."""
+    return PIECE_RE.findall(text.rstrip())
+
+
+def render_chat(messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """Same rendering as the chat_template in tokenizer/tokenizer_config.json: `role: content` lines."""
+    out = []
+    for m in messages:
+        content = m.get("content", "")
+        if isinstance(content, list):  # OpenAI content parts: keep the text parts
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        out.append(f"{m.get('role', 'user')}: {content}\n")
+    if add_generation_prompt:
+        out.append("assistant:")
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the model will say for one prompt."""
+
+    text: str  # the full answer (or filler) text, before max_new_tokens truncation
+    kind: str  # "needle_hit" | "needle_miss" (beyond horizon) | "no_needle" | "filler"
+    natural_end: bool  # True: the model stops by itself (EOS) after `text`; False: it would go on (filler)
+    needle_distance: int | None = None  # tokens from the needle's start to the end of the prompt
+
+
+def _digest(*parts: str) -> bytes:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode("utf-8", "surrogatepass"))
+        h.update(b"\0")
+    return h.digest()
+
+
+def wrong_code(key: str, code: str) -> str:
+    """A deterministic code of the same shape (digits stay digits, letters stay letters) that differs from `code`."""
+    stream = _digest("collapse", key, code) * (len(code) // 32 + 1)
+    out = []
+    for ch, b in zip(code, stream, strict=False):
+        if ch.isdigit():
+            out.append(string.digits[b % 10])
+        elif ch.isalpha():
+            alphabet = string.ascii_uppercase if ch.isupper() else string.ascii_lowercase
+            out.append(alphabet[b % 26])
+        else:
+            out.append(ch)
+    wrong = "".join(out)
+    if wrong == code:  # force a difference in the first character
+        c = code[0]
+        if c.isdigit():
+            repl = str((int(c) + 1) % 10)
+        elif c.isalpha():
+            repl = "b" if c.lower() == "a" else "a"
+            repl = repl.upper() if c.isupper() else repl
+        else:
+            repl = "0"
+        wrong = repl + wrong[1:]
+    return wrong
+
+
+def answer(prompt: str, recall_horizon: int) -> Answer:
+    """The deterministic answer for a prompt. recall_horizon <= 0 means unlimited."""
+    questions = list(QUESTION_RE.finditer(prompt))
+    if questions:
+        q = questions[-1]
+        key = q.group("key").strip()
+        needles = [m for m in NEEDLE_RE.finditer(prompt, 0, q.start()) if m.group("key").strip() == key]
+        if not needles:
+            return Answer(f"I do not know the secret code for {key}.", "no_needle", True)
+        needle = needles[-1]
+        code = needle.group("code")
+        distance = count_tokens(prompt) - count_tokens(prompt[: needle.start()])
+        if recall_horizon <= 0 or distance <= recall_horizon:
+            return Answer(f"The secret code for {key} is {code}.", "needle_hit", True, distance)
+        return Answer(f"The secret code for {key} is {wrong_code(key, code)}.", "needle_miss", True, distance)
+    return Answer("", "filler", False)  # filler words are produced lazily by `output_pieces`
+
+
+def filler_piece(seed: int, i: int) -> str:
+    word = FILLER_WORDS[(seed + i * 7919) % len(FILLER_WORDS)]
+    return (" " + word) if i % 13 != 12 else "."
+
+
+def prompt_seed(prompt: str) -> int:
+    return int.from_bytes(_digest("filler", prompt)[:8], "big")
+
+
+def output_pieces(prompt: str, ans: Answer, max_new_tokens: int, ignore_eos: bool = False) -> tuple[list[str], str]:
+    """The token pieces the model emits and why it stops: ("stop" | "length").
+
+    A natural answer stops with EOS if it fits in max_new_tokens; filler always runs to max_new_tokens.
+    With ignore_eos (as benchmarks send), a natural answer is followed by filler up to max_new_tokens.
+    """
+    max_new_tokens = max(0, int(max_new_tokens))
+    ps = pieces(ans.text) if ans.natural_end else []
+    if ans.natural_end and not ignore_eos and len(ps) <= max_new_tokens:
+        return ps, "stop"
+    seed = prompt_seed(prompt)
+    ps = ps + [filler_piece(seed, i) for i in range(max(0, max_new_tokens - len(ps)))]
+    return ps[:max_new_tokens], "length"
+
+
+def piece_id(piece: str) -> int:
+    return token_id(piece.strip())
+
+
+__all__ = [
+    "Answer",
+    "EOS_ID",
+    "VOCAB",
+    "answer",
+    "count_tokens",
+    "output_pieces",
+    "piece_id",
+    "pieces",
+    "render_chat",
+    "tokenize",
+    "wrong_code",
+]
