@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from pdk_testutil import requires_cuda
+from pdstack_kernels import KernelArgError, topk_transform_512
+from pdstack_kernels import reference as R
+
+
+def _case(seq_lens, width, device, *, ties=False, pages=None):
+    bsz = len(seq_lens)
+    logits = torch.randn(bsz, width, device=device)
+    if ties:  # few distinct values: the k-th value is shared by many positions
+        logits = torch.randint(-3, 4, (bsz, width), device=device).float()
+    for b, n in enumerate(seq_lens):
+        logits[b, min(n, width) :] = float("nan")  # past seq_len must never be read
+    npages = pages or -(-width // 64)
+    pt = torch.randint(0, 10_000, (bsz, npages), dtype=torch.int32, device=device)
+    return logits, torch.tensor(seq_lens, dtype=torch.int32, device=device), pt
+
+
+def _check(logits, sl, pt, backend, topk=512, **kw):
+    bsz = logits.shape[0]
+    raw = torch.full((bsz, topk), -7, dtype=torch.int32, device=logits.device)
+    out = torch.full((bsz, topk), -7, dtype=torch.int32, device=logits.device)
+    ret = topk_transform_512(logits, sl, pt, out, 64, raw, topk=topk, backend=backend, **kw)
+    assert ret is out
+    ref_slots, ref_raw = R.topk_transform_ref(logits.nan_to_num(float("-inf")), sl, pt, topk=topk)
+    for b in range(bsz):
+        n = min(int(sl[b]), logits.shape[1])
+        got = raw[b].tolist()
+        assert -7 not in got, "a slot was left unwritten"
+        if n <= topk:
+            assert got == ref_raw[b].tolist(), "short rows are sequential then -1"
+            assert out[b].tolist() == ref_slots[b].tolist()
+            continue
+        sel = raw[b].long()
+        assert len(set(got)) == topk and min(got) >= 0 and max(got) < n
+        # exact selection up to ties: the selected values are the topk largest values
+        vals = torch.sort(logits[b, sel], descending=True).values
+        want = torch.topk(logits[b, :n], topk).values
+        assert torch.equal(vals, want)
+        slots = pt[b].long()[sel // 64] * 64 + sel % 64
+        assert torch.equal(out[b].long(), slots), "page transform"
+
+
+CPU_CASES = [
+    ([0], 64),
+    ([1], 64),
+    ([512], 600),
+    ([513], 600),
+    ([700, 0, 5, 512, 1000], 1000),
+    ([2500], 2000),  # seq_len > width is clamped to width
+]
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("seq_lens,width", CPU_CASES, ids=str)
+def test_topk_small(seq_lens, width, backend, device):
+    logits, sl, pt = _case(seq_lens, width, device)
+    _check(logits, sl, pt, backend)
+
+
+@pytest.mark.parametrize("radix_bits", [4, 8, 11])
+def test_topk_ties_and_radix_widths(radix_bits, device):
+    logits, sl, pt = _case([1500, 900], 1500, device, ties=True)
+    _check(logits, sl, pt, "triton", radix_bits=radix_bits)
+
+
+def test_topk_negative_and_inf_values(device):
+    logits, sl, pt = _case([1200], 1200, device)
+    logits[0, :1200] = -logits[0, :1200].abs() - 1
+    logits[0, 100:700] = float("-inf")  # 600 -inf; 600 finite > 512
+    _check(logits, sl, pt, "triton")
+
+
+def test_topk_small_k(device):
+    logits, sl, pt = _case([300, 20], 300, device)
+    _check(logits, sl, pt, "triton", topk=32)
+
+
+def test_topk_errors_name_the_tensor(device):
+    logits, sl, pt = _case([10], 64, device)
+    with pytest.raises(KernelArgError, match="logits"):
+        topk_transform_512(logits.double(), sl, pt)
+    with pytest.raises(KernelArgError, match="seq_lens"):
+        topk_transform_512(logits, sl[:0], pt)
+    with pytest.raises(KernelArgError, match="page_table"):
+        topk_transform_512(logits, sl, pt.long())
+    with pytest.raises(KernelArgError, match="out_page_indices"):
+        topk_transform_512(logits, sl, pt, torch.empty(1, 100, dtype=torch.int32, device=device))
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("seq_lens,width", [
+    ([4096] * 8, 4096),
+    ([16384, 1, 513, 16000], 16384),
+    ([65536, 40000], 65536),
+    ([5000] * 32, 5000),
+], ids=lambda v: str(v)[:40])  # fmt: skip
+def test_topk_gpu(seq_lens, width):
+    logits, sl, pt = _case(seq_lens, width, torch.device("cuda"))
+    _check(logits, sl, pt, "triton")
+    logits, sl, pt = _case(seq_lens, width, torch.device("cuda"), ties=True)
+    _check(logits, sl, pt, "triton")
