@@ -102,12 +102,18 @@ def nvidia_gpus(sysfs: str = "/sys") -> list[dict]:
     return gpus
 
 
-def collect(sysfs: str = "/sys", simulated: str = SIMULATED_GPUS) -> dict:
+def collect(sysfs: str = "/sys", simulated: str = SIMULATED_GPUS, simulate_gpus: int = 0) -> dict:
+    """The facts. `simulate_gpus` (or the file `simulated`) adds that many simulated GPUs on NUMA node 0 when the
+    host has no NVIDIA GPU: only for the sim test engine on CPU test hosts."""
     nodes = numa_nodes(sysfs)
     gpus = nvidia_gpus(sysfs)
     source = "nvidia-smi" if gpus else "none"
-    if not gpus and os.path.exists(simulated):
+    spec = None
+    if not gpus and simulate_gpus:
+        spec = {"count": simulate_gpus}
+    elif not gpus and os.path.exists(simulated):
         spec = json.loads(_read(simulated))
+    if spec:
         gpus = [{"index": i, "name": "simulated (pdstack sim test engine)", "pci_bus_id": f"sim:{i}",
                  "numa_node": int(spec.get("numa_node", 0)), "memory_mb": int(spec.get("memory_mb", 0))}
                 for i in range(int(spec["count"]))]
@@ -118,16 +124,21 @@ def collect(sysfs: str = "/sys", simulated: str = SIMULATED_GPUS) -> dict:
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sysfs", default="/sys", help="sysfs root (for tests)")
+    parser.add_argument("--simulate-gpus", type=int, default=0, metavar="N",
+                        help="TEST ENGINE only: report N simulated GPUs when the host has no NVIDIA GPU")
 
 
 def run(args: argparse.Namespace) -> int:
-    print(json.dumps(collect(args.sysfs), indent=2))
+    print(json.dumps(collect(args.sysfs, simulate_gpus=args.simulate_gpus), indent=2))
     return 0
 
 
 if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="pdstack host facts (JSON)")
+    register(ap)
     try:
-        print(json.dumps(collect()))
+        a = ap.parse_args()
+        print(json.dumps(collect(a.sysfs, simulate_gpus=a.simulate_gpus)))
     except Exception as e:  # a facts.d script must print JSON, or Ansible reports an opaque error
         print(json.dumps({"schema": SCHEMA, "error": f"{type(e).__name__}: {e}"}))
         sys.exit(0)

@@ -16,11 +16,12 @@ from pdstack.plan_cmd import facts_path
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-i", "--inventory", required=True, help="inventory directory, e.g. inventory/production")
     parser.add_argument("--facts", help="host facts (see `pdstack plan --help`); without them only static checks run")
+    parser.add_argument("--static", action="store_true", help="only the static checks, even if facts exist")
 
 
 def run(args: argparse.Namespace) -> int:
     dep = inventory.load(args.inventory)
-    path = facts_path(args)
+    path = None if args.static else facts_path(args)
     if path is None:
         problems = preflight.static_problems(dep)
         if problems:

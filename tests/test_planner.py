@@ -1,0 +1,167 @@
+"""The planner on recorded topologies, and every flag it can render checked by the pinned parsers."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pdstack import flags, inventory, planner
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPO = ROOT / "tests" / "topologies"
+REF = TOPO / "reference-2node-8gpu.json"
+
+
+def prod_plan() -> planner.Plan:
+    dep = inventory.load(ROOT / "inventory" / "production")
+    return planner.make_plan(dep, planner.load_facts(REF, list(dep.hosts)))
+
+
+def test_reference_plan_places_prefill_on_numa0_and_decode_on_numa1():
+    p = prod_plan()
+    pre, dec = p.servers
+    assert (pre.role, pre.gpus, pre.numa_node, pre.cpuset_cpus, pre.cpuset_mems) == (
+        "prefill", [0, 1, 2, 3], 0, "0-31,64-95", "0")
+    assert (dec.role, dec.gpus, dec.numa_node, dec.cpuset_cpus, dec.cpuset_mems) == (
+        "decode", [4, 5, 6, 7], 1, "32-63,96-127", "1")
+    assert pre.numa_source == dec.numa_source == "facts"
+
+
+def test_hicache_ratio_is_budget_over_device_pool_rounded_down():
+    pre = prod_plan().servers[0]
+    assert pre.hicache.ratio == 0.833  # 150 / 180 = 0.8333..., never rounded up past the budget
+    assert pre.hicache.ratio * pre.hicache.device_kv_pool_gb <= pre.hicache.host_budget_gb
+    i = pre.flags.index("--hicache-ratio")
+    assert pre.flags[i + 1] == "0.833"
+    assert "--hicache-size" not in pre.flags
+    text = "\n".join(pre.hicache.arithmetic)
+    assert "150 / 180 = 0.8333" in text and "251.6 GiB" in text and "pdstack_numa_reserve_gb 64" in text
+
+
+def test_argv_is_launcher_plus_flags_and_roles_differ():
+    pre, dec = prod_plan().servers
+    assert pre.argv[:3] == ["python3", "-m", "sglang.launch_server"]
+    assert pre.argv[3:] == pre.flags
+    assert pre.flags[pre.flags.index("--disaggregation-mode") + 1] == "prefill"
+    assert pre.flags[pre.flags.index("--disaggregation-bootstrap-port") + 1] == "8998"
+    assert "--disaggregation-bootstrap-port" not in dec.flags
+    assert pre.env == {"PDSTACK_DSV4_BF16_INDEX_K": "1"}
+
+
+def test_router_argv_lists_every_worker_with_admission_control():
+    r = prod_plan().router
+    a = r.argv
+    assert a[:3] == ["python3", "-m", "sglang_router.launch_router"]
+    assert a[a.index("--prefill") + 1: a.index("--prefill") + 3] == ["http://192.0.2.10:30000", "8998"]
+    assert a[a.index("--decode") + 1] == "http://192.0.2.10:30001"
+    assert a[a.index("--max-concurrent-requests") + 1] == "32"
+    assert a[a.index("--queue-size") + 1] == "64"
+    from sglang_router.launch_router import parse_router_args
+    parsed = parse_router_args(r.flags)
+    assert parsed.prefill_urls == [("http://192.0.2.10:30000", 8998)]
+    assert parsed.decode_urls == ["http://192.0.2.10:30001"]
+    assert parsed.queue_timeout_secs == 30
+
+
+def test_index_k_fp8_drops_the_patch_switch(tmp_path: Path):
+    inv = tmp_path / "p"
+    shutil.copytree(ROOT / "inventory" / "production", inv)
+    f = inv / "group_vars/all/model.yml"
+    d = yaml.safe_load(f.read_text())
+    d["pdstack_model"]["index_k_dtype"] = "fp8"
+    f.write_text(yaml.safe_dump(d))
+    dep = inventory.load(inv)
+    p = planner.make_plan(dep, planner.load_facts(REF, list(dep.hosts)))
+    assert all(planner.BF16_INDEX_K_ENV not in s.env for s in p.servers)
+
+
+def _variants():
+    """Every combination of the planner's optional outputs, so the union covers every flag it can render."""
+    yield from itertools.product(
+            ("prefill", "decode"), (True, False), ("mlx5_0", None), (True, False), (None, "cache_aware"),
+            (None, "power_of_two"))
+
+
+def test_every_flag_the_planner_can_render_is_spelled_exactly_as_sglang_parses_it():
+    dep = inventory.load(ROOT / "inventory" / "production")
+    facts = json.loads(REF.read_text())
+    rendered: set[str] = set()
+    router_rendered: set[str] = set()
+    for role, hicache, ib, trc, ppol, dpol in _variants():
+        s = dict(dep.hosts["gpu01"].servers[0 if role == "prefill" else 1])
+        s["hicache"] = {**s["hicache"], "enabled": hicache}
+        s["transfer"] = {**s["transfer"], "ib_device": ib}
+        dep.model["trust_remote_code"] = trc
+        hc = planner.hicache_plan(s, facts, 0, 64)
+        fl = planner.server_flags(dep, s, hc)
+        assert flags.check_sglang(fl) is None, fl
+        rendered |= {t for t in fl if t.startswith("--")}
+        dep.router["prefill_policy"], dep.router["decode_policy"] = ppol, dpol
+        sp = planner.ServerPlan(host="h", address="a", name="n", role=role, unit="u", container="c", gpus=[0],
+                                tp_size=1, numa_node=0, numa_source="facts", cpuset_cpus="0", cpuset_mems="0",
+                                ports={"http": 1, "bootstrap": 2, "metrics": 1}, url="http://a:1", hicache=hc,
+                                flags=fl, argv=fl, env={})
+        other = planner.ServerPlan(**{**sp.__dict__, "role": "decode" if role == "prefill" else "prefill"})
+        rf, _, _ = planner.router_flags(dep, [sp, other])
+        assert flags.check_router(rf) is None, rf
+        router_rendered |= {t for t in rf if t.startswith("--")}
+    # each flag is an exact option string of SGLang 0.5.23's own parser (no abbreviation can sneak through)
+    options = flags.sglang_options()
+    assert rendered <= options, rendered - options
+    assert {"--hicache-ratio", "--disaggregation-ib-device", "--trust-remote-code", "--enable-hierarchical-cache",
+            "--disaggregation-bootstrap-port"} <= rendered
+    router_opts = {o for a in flags.router_parser()._actions for o in a.option_strings}
+    assert router_rendered <= router_opts, router_rendered - router_opts
+    assert {"--prefill-policy", "--decode-policy", "--queue-size"} <= router_rendered
+
+
+@pytest.mark.parametrize("argv", [["--tp", "4"], ["--cuda-graph-max-bs", "8"], ["--mem-frac", "0.8"]])
+def test_abbreviations_that_sglang_itself_would_accept_or_misread_are_rejected(argv):
+    # SGLang's own parser (abbreviations on) does not reject these as unknown, which is how `--tp` reached units
+    from sglang.srt.server_args import ServerArgs
+    loose = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(loose)
+    try:
+        loose.parse_args(["--model-path", "/m", *argv])
+        loose_ok = True
+    except SystemExit:
+        loose_ok = False  # ambiguous abbreviation (exit 2)
+    strict = flags.check_sglang(["--model-path", "/m", *argv])
+    assert strict is not None and argv[0] in strict
+    if argv[0] == "--tp":
+        assert loose_ok  # the trap: upstream's parser takes it silently
+
+
+def test_plan_cli_json_and_host_filter():
+    out = subprocess.run([sys.executable, "-m", "pdstack", "plan", "-i", "inventory/production", "--facts", str(REF),
+                          "--json", "--host", "gpu01"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert [s["name"] for s in data["servers"]] == ["prefill-0", "decode-0"]
+    assert data["servers"][0]["hicache"]["ratio"] == 0.833
+    assert data["router"]["argv"][3] == "--pd-disaggregation"
+
+
+def test_plan_text_prints_the_arithmetic():
+    out = subprocess.run([sys.executable, "-m", "pdstack", "plan", "-i", "inventory/production", "--facts", str(REF)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--hicache-ratio = host_budget_gb / device_kv_pool_gb = 150 / 180" in out.stdout
+    assert "cpuset-cpus 32-63,96-127  cpuset-mems 1" in out.stdout
+
+
+def test_local_inventory_plans_on_a_simulated_host():
+    dep = inventory.load(ROOT / "inventory" / "local")
+    from pdstack.facts import collect
+    facts = collect(simulate_gpus=2)
+    p = planner.make_plan(dep, dict.fromkeys(dep.hosts, facts))
+    assert p.engine == "sim" and p.servers[0].argv[:2] == ["pdstack", "sim"]
+    assert p.servers[0].hicache.ratio == 0.5
