@@ -562,7 +562,10 @@ def up(count: int = 1, prefix: str = DEFAULT_PREFIX) -> list[str]:
         elif ct.status != "running":
             if ct.image.tags and tag not in ct.image.tags:
                 echo(f"{name} runs an older base image ({ct.image.tags[0]}); `down` then `up` to rebuild it")
-            ct.start()
+            if ct.status == "paused":
+                ct.unpause()
+            else:
+                ct.start()
             started.append(name)
     if created or started:
         what = ", ".join(filter(None, [created and f"created {len(created)}", started and f"started {len(started)}"]))

@@ -183,6 +183,19 @@ def test_second_up_changes_nothing(engine, hosts):
 
 
 @pytest.mark.slow
+def test_up_starts_a_stopped_host_and_keeps_its_volume(engine, hosts):
+    prefix, names = hosts
+    ct = engine.containers.get(names[1])
+    ct.exec_run(["touch", "/var/lib/docker/marker"])
+    ct.stop(timeout=20)  # RTMIN+3: systemd halts in about a second
+    assert testhost.up(count=2, prefix=prefix) == names
+    ct.reload()
+    assert ct.status == "running"
+    assert ct.exec_run(["test", "-e", "/var/lib/docker/marker"]).exit_code == 0
+    assert ct.exec_run(["systemctl", "is-system-running"]).output.decode().strip() in ("running", "degraded")
+
+
+@pytest.mark.slow
 def test_up_refuses_a_foreign_container_with_a_host_name(engine):
     prefix = _prefix()
     image = testhost.ensure_base_image()
