@@ -86,8 +86,8 @@ def _topk_transform_kernel(
                     m = i < n
                     key = _ordered_key(tl.load(row + i, mask=m, other=0.0))
                     if ps > 0:
-                        m = m & ((key >> shift) == prefix)
-                    digit = ((key >> new_shift) & digit_mask).to(tl.int32)
+                        m = m & ((key >> shift.to(tl.uint32)) == prefix)
+                    digit = ((key >> new_shift.to(tl.uint32)) & digit_mask).to(tl.int32)
                     hist += tl.histogram(digit, NBINS, mask=m)
                 # count of eligible keys with digit > d, for every d
                 above = tl.sum(hist, 0) - tl.cumsum(hist, 0)
@@ -107,7 +107,7 @@ def _topk_transform_kernel(
             i = start + offs
             m = i < n
             key = _ordered_key(tl.load(row + i, mask=m, other=0.0))
-            hi = key >> shift
+            hi = key >> shift.to(tl.uint32)
             gt = m & (hi > prefix)
             eq = m & (hi == prefix)
             gt_i = gt.to(tl.int32)
