@@ -438,7 +438,7 @@ def _ensure_network(c, prefix: str):
     except NotFound:
         echo(f"creating network {name}")
         return c.networks.create(name, driver="bridge", labels=_labels(prefix))
-    if net.attrs.get("Labels", {}).get(LABEL) != prefix:
+    if (net.attrs.get("Labels") or {}).get(LABEL) != prefix:
         raise TesthostError(
             f"a Docker network named {name} exists but was not made by pdstack testhost (no {LABEL}={prefix} label)\n"
             f"Fix: remove it (docker network rm {name}) or use another prefix"
@@ -540,11 +540,12 @@ def up(count: int = 1, prefix: str = DEFAULT_PREFIX) -> list[str]:
                 f"a container named {name} exists but was not made by pdstack testhost (no {LABEL}={prefix} label)\n"
                 f"Fix: remove it (docker rm -f {name}) or use another prefix"
             )
+    volumes = {name: _ensure_volume(c, name, prefix) for name, ct in existing.items() if ct is None}
     net = _ensure_network(c, prefix)
     created, started = [], []
     for name, ct in existing.items():
         if ct is None:
-            vol = _ensure_volume(c, name, prefix)
+            vol = volumes[name]
             c.containers.run(
                 tag,
                 detach=True,
