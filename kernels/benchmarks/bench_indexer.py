@@ -25,12 +25,17 @@ from pdstack_kernels import paged_mqa_logits_bf16, topk_transform_512  # noqa: E
 from pdstack_kernels import reference as R  # noqa: E402
 
 H, D, PAGE = 64, 128, 64
-LOGITS_CONFIGS = [dict(num_warps=4, num_stages=3), dict(num_warps=8, num_stages=3), dict(num_warps=4, num_stages=4)]
+LOGITS_CONFIGS = [
+    dict(num_warps=4, num_stages=3),  # pages_per_prog from the wrapper's heuristic
+    dict(num_warps=4, num_stages=3, pages_per_prog=4),
+    dict(num_warps=4, num_stages=3, pages_per_prog=8),
+    dict(num_warps=4, num_stages=4, pages_per_prog=16),
+]
 TOPK_CONFIGS = [
-    dict(radix_bits=8, block=2048, num_warps=8),
-    dict(radix_bits=11, block=2048, num_warps=8),
     dict(radix_bits=8, block=4096, num_warps=16),
-    dict(radix_bits=11, block=4096, num_warps=16),
+    dict(radix_bits=4, block=4096, num_warps=16, onehot=False),
+    dict(radix_bits=4, block=2048, num_warps=8, onehot=True),
+    dict(radix_bits=4, block=4096, num_warps=16, onehot=True),
 ]
 
 

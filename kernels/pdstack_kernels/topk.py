@@ -47,6 +47,7 @@ def _topk_transform_kernel(
     BLOCK: tl.constexpr,
     RADIX_BITS: tl.constexpr,
     HAS_RAW: tl.constexpr,
+    ONEHOT: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), width)
@@ -88,7 +89,11 @@ def _topk_transform_kernel(
                     if ps > 0:
                         m = m & ((key >> shift.to(tl.uint32)) == prefix)
                     digit = ((key >> new_shift.to(tl.uint32)) & digit_mask).to(tl.int32)
-                    hist += tl.histogram(digit, NBINS, mask=m)
+                    if ONEHOT:  # few bins: compare-and-count beats tl.histogram's lowering
+                        hit_bins = (digit[:, None] == bins[None, :]) & m[:, None]
+                        hist += tl.sum(hit_bins.to(tl.int32), 0)
+                    else:
+                        hist += tl.histogram(digit, NBINS, mask=m)
                 # count of eligible keys with digit > d, for every d
                 above = tl.sum(hist, 0) - tl.cumsum(hist, 0)
                 hit = (above < k_rem) & (above + hist >= k_rem)
@@ -139,6 +144,7 @@ def topk_transform_512(
     block: int = 1024,
     radix_bits: int = 8,
     num_warps: int = 8,
+    onehot: bool | None = None,
 ) -> torch.Tensor:
     """Top-``topk`` positions of each row of ``logits`` as physical KV slots, [B, topk] int32 (returned).
 
@@ -182,7 +188,8 @@ def topk_transform_512(
             out_raw_indices if out_raw_indices is not None else out_page_indices,
             logits.stride(0), page_table.stride(0), width,
             K=topk, PAGE_BITS=page_size.bit_length() - 1, BLOCK=block, RADIX_BITS=radix_bits,
-            HAS_RAW=out_raw_indices is not None, num_warps=num_warps,
+            HAS_RAW=out_raw_indices is not None, ONEHOT=radix_bits <= 4 if onehot is None else onehot,
+            num_warps=num_warps,
         )  # fmt: skip
     else:
         raise KernelArgError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")

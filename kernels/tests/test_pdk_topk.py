@@ -61,10 +61,12 @@ def test_topk_small(seq_lens, width, backend, device):
     _check(logits, sl, pt, backend)
 
 
-@pytest.mark.parametrize("radix_bits", [4, 8, 11])
-def test_topk_ties_and_radix_widths(radix_bits, device):
+@pytest.mark.parametrize("radix_bits,onehot", [(4, True), (4, False), (8, False), (11, False)])
+def test_topk_ties_and_radix_widths(radix_bits, onehot, device):
     logits, sl, pt = _case([1500, 900], 1500, device, ties=True)
-    _check(logits, sl, pt, "triton", radix_bits=radix_bits)
+    _check(logits, sl, pt, "triton", radix_bits=radix_bits, onehot=onehot)
+    logits, sl, pt = _case([1500], 1500, device)
+    _check(logits, sl, pt, "triton", radix_bits=radix_bits, onehot=onehot)
 
 
 def test_topk_negative_and_inf_values(device):
