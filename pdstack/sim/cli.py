@@ -93,9 +93,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--decode-batch-penalty", type=float, default=0.02,
                      help="each extra decoding request slows every decode step by this fraction")
     sim.add_argument("--kv-transfer-gb-per-s", type=float, default=20.0, help="simulated KV transfer bandwidth")
-    sim.add_argument("--bootstrap-timeout-s", type=float, default=30.0,
+    sim.add_argument("--bootstrap-timeout-s", type=float, default=300.0,
                      help="prefill waits this long for decode's handshake, decode this long for prefill's KV; "
-                          "then the request is aborted")
+                          "then the request is aborted (SGLang: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, 300)")
     sim.add_argument("--startup-delay-s", type=float, default=0.0,
                      help="/health, /health_generate and /ready answer 503 for this long after start")
     faults = parser.add_argument_group("TEST ENGINE fault injection (also at run time: GET/POST /_sim/fault)")

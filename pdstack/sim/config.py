@@ -48,7 +48,9 @@ class SimConfig:
     kv_transfer_gb_per_s: float = 20.0
     kv_bytes_per_token: int = 70_000  # rough DeepSeek-V4 KV+indexer bytes per token, for the transfer time
     # PD handshake
-    bootstrap_timeout_s: float = 30.0  # prefill waits this long for decode's handshake; decode for prefill's KV
+    # prefill waits this long for decode's handshake, decode for prefill's KV (SGLang's SGLANG_DISAGGREGATION_
+    # BOOTSTRAP_TIMEOUT / _WAITING_TIMEOUT, both 300 s)
+    bootstrap_timeout_s: float = 300.0
     startup_delay_s: float = 0.0  # /health answers 503 this long after start, as SGLang does while loading
     # The launcher's full argv, reported in /server_info like SGLang's launch_command
     launch_argv: list[str] = field(default_factory=list)

@@ -195,9 +195,6 @@ class Engine:
     async def generate(self, req: GenRequest) -> AsyncIterator[Token | Finish]:
         """Run one request; yields Token events then one Finish. Raises SimAbort for an aborted request."""
         cfg = self.cfg
-        if self.faults.reject_status is not None:
-            raise self._abort(self.faults.reject_status,
-                              f"Service unavailable (pdstack sim fault reject_status={self.faults.reject_status})")
         prompt_ids = model.tokenize(req.prompt)
         n_prompt = len(prompt_ids)
         if n_prompt + req.max_new_tokens > cfg.context_length:

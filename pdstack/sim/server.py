@@ -34,6 +34,7 @@ log = logging.getLogger("pdstack.sim")
 
 DEFAULT_MAX_NEW_TOKENS = 128  # /generate (SGLang's default) and chat without max_tokens (SGLang: up to context)
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's and SGLang's default
+SHUTDOWN_GRACE_S = 1.0
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -70,10 +71,10 @@ class SimServer:
         r.add_get("/v1/models", self.models)
         r.add_route("*", "/flush_cache", self.flush_cache)
         r.add_get("/metrics", self.metrics_endpoint)
-        r.add_post("/generate", self.generate)
-        r.add_put("/generate", self.generate)
-        r.add_post("/v1/completions", self.completions)
-        r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/generate", self._rejecting(self.generate))
+        r.add_put("/generate", self._rejecting(self.generate))
+        r.add_post("/v1/completions", self._rejecting(self.completions))
+        r.add_post("/v1/chat/completions", self._rejecting(self.chat))
         r.add_get("/_sim/fault", self.get_fault)
         r.add_post("/_sim/fault", self.post_fault)
         r.add_get("/_sim/state", self.state)
@@ -82,19 +83,24 @@ class SimServer:
     async def start(self) -> None:
         self.session = aiohttp.ClientSession()
         self.engine.client = BootstrapClient(self.session)
-        runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, self.cfg.host, self.cfg.port).start()
-        self._runners.append(runner)
-        if self.cfg.role is Role.PREFILL:
-            bapp = make_bootstrap_app(self.engine.rooms, lambda: self.faults.fail_bootstrap)
-            brunner = web.AppRunner(bapp, handler_cancellation=True, access_log=None)
-            await brunner.setup()
-            await web.TCPSite(brunner, self.cfg.host, self.cfg.bootstrap_port).start()
-            self._runners.append(brunner)
+        try:
+            await self._serve(self.app(), self.cfg.port)
+            if self.cfg.role is Role.PREFILL:
+                await self._serve(make_bootstrap_app(self.engine.rooms, lambda: self.faults.fail_bootstrap),
+                                  self.cfg.bootstrap_port)
+        except BaseException:
+            await self.stop()
+            raise
         boot = f", bootstrap port {self.cfg.bootstrap_port}" if self.cfg.role is Role.PREFILL else ""
         log.info("%s: role=%s serving on http://%s:%d%s", TEST_ENGINE_LABEL, self.cfg.role.value,
                  self.cfg.host, self.cfg.port, boot)
+
+    async def _serve(self, app: web.Application, port: int) -> None:
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        self._runners.append(runner)
+        # In-flight requests (a wedged decode's never end) get SHUTDOWN_GRACE_S on SIGTERM, not aiohttp's 60 s.
+        await web.TCPSite(runner, self.cfg.host, port, shutdown_timeout=SHUTDOWN_GRACE_S).start()
 
     async def stop(self) -> None:
         for runner in reversed(self._runners):
@@ -219,6 +225,20 @@ class SimServer:
             **self._info_common()})
 
     # ------------------------------------------------------------------ generation
+    def _rejecting(self, handler):
+        """The reject_status fault: answer at the HTTP level (stream or not), before any engine work."""
+
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            status = self.faults.reject_status
+            if status is None:
+                return await handler(request)
+            self.metrics.num_aborted_requests.inc()
+            msg = f"Service unavailable (pdstack sim fault reject_status={status})"
+            log.warning("rejecting %s with %d (fault reject_status)", request.path, status)
+            return web.json_response(_error_body(status, msg), status=status)
+
+        return wrapped
+
     async def _body(self, request: web.Request) -> dict:
         try:
             body = await request.json()
