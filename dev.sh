@@ -33,21 +33,21 @@ apt_packages() {
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     # The Debian prometheus package starts its own server on :9090; pdstack's tests run their own.
     as_root systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
-    pkill -x prometheus 2>/dev/null || true
   fi
 }
 
 ensure_dockerd() {
-  if docker info >/dev/null 2>&1; then return; fi
+  if as_root docker info >/dev/null 2>&1; then return; fi
   command -v dockerd >/dev/null || die "dockerd is not installed; run: apt-get install docker.io"
   log "docker: starting dockerd (log: /var/log/pdstack-dockerd.log)"
-  if command -v systemctl >/dev/null && systemctl is-system-running >/dev/null 2>&1; then
+  if [ -d /run/systemd/system ]; then  # booted with systemd (degraded counts too)
     as_root systemctl start docker || true
   fi
-  if ! docker info >/dev/null 2>&1; then
-    as_root sh -c 'nohup dockerd >/var/log/pdstack-dockerd.log 2>&1 &'
+  if ! as_root docker info >/dev/null 2>&1; then
+    # its own session, so it outlives this script's process group (CI kills a step's group when it ends)
+    as_root sh -c 'setsid -f dockerd >>/var/log/pdstack-dockerd.log 2>&1 </dev/null'
   fi
-  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && return; sleep 1; done
+  for _ in $(seq 1 60); do as_root docker info >/dev/null 2>&1 && return; sleep 1; done
   die "dockerd did not come up in 60 s; see /var/log/pdstack-dockerd.log"
 }
 
@@ -71,7 +71,7 @@ ensure_venv() {
     "$(python_for_venv)" -m venv "$VENV"
   fi
   log "venv: installing pinned requirements (first run takes a few minutes)"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q "pip==26.3"
   "$VENV/bin/python" -m pip install -q -r requirements/lock.txt
   "$VENV/bin/python" -m pip install -q --no-deps -r requirements/sglang.txt
   "$VENV/bin/python" -m pip install -q --no-deps -e .

@@ -1,0 +1,139 @@
+"""pdstack's Invoke tasks. Thin: the logic lives in the pdstack package, where it is unit-tested.
+
+    invoke --list                    every task
+    invoke demo                      local test host -> site.yml -> summary (the README's main job)
+    invoke test                      lint + the whole test suite (the README's test command runs this)
+    invoke testhost.up --count 3     boot local systemd test hosts;  invoke testhost.down removes them
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from invoke import Collection, Context, Exit, task
+
+ROOT = Path(__file__).resolve().parent
+PY = sys.executable
+BIN = Path(PY).parent
+
+
+def _env() -> dict[str, str]:
+    # ansible-playbook must run from the venv (the preflight role calls pdstack with ansible_playbook_python)
+    return {"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "PYTHONUNBUFFERED": "1"}
+
+
+@task(help={"fix": "let ruff fix what it can"})
+def lint(c: Context, fix: bool = False) -> None:
+    """Ruff, yamllint and ansible-lint (production profile)."""
+    with c.cd(str(ROOT)):
+        c.run(f"{BIN}/ruff check {'--fix ' if fix else ''}.", echo=True, env=_env())
+        c.run(f"{BIN}/yamllint --strict .", echo=True, env=_env())
+        c.run(f"{BIN}/ansible-lint --offline --profile production", echo=True, env=_env())
+
+
+@task(help={"k": "only tests matching this pytest -k expression", "fast": "skip tests marked slow",
+            "no_lint": "skip the linters"})
+def test(c: Context, k: str = "", fast: bool = False, no_lint: bool = False) -> None:
+    """Lint, then the whole test suite (integration tests included; they are marked slow and run here too)."""
+    if not no_lint:
+        lint(c)
+    args = ["-m", "not slow"] if fast else []
+    if k:
+        args += ["-k", k]
+    with c.cd(str(ROOT)):
+        c.run(f"{PY} -m pytest {' '.join(map(shlex.quote, args))}", echo=True, pty=sys.stdout.isatty(), env=_env())
+
+
+@task(help={"inventory": "inventory directory", "facts": "recorded facts file or directory", "json": "print JSON",
+            "host": "only this host"})
+def plan(c: Context, inventory: str = "inventory/production", facts: str = "", json: bool = False,
+         host: str = "") -> None:
+    """Print the deployment plan for an inventory (`pdstack plan`)."""
+    cmd = [PY, "-m", "pdstack", "plan", "-i", inventory]
+    cmd += ["--facts", facts] if facts else []
+    cmd += ["--json"] if json else []
+    cmd += ["--host", host] if host else []
+    with c.cd(str(ROOT)):
+        c.run(shlex.join(cmd), echo=True, env=_env())
+
+
+@task(help={"inventory": "inventory directory (default: ansible.cfg's, the local test host)",
+            "check": "check mode: report what would change, change nothing", "tags": "only these tags (comma list)",
+            "skip_tags": "skip these tags", "extra": "extra ansible-playbook arguments"})
+def deploy(c: Context, inventory: str = "", check: bool = False, tags: str = "", skip_tags: str = "",
+           extra: str = "") -> None:
+    """Run site.yml (every phase: preflight, facts, ...) against an inventory."""
+    cmd = [str(BIN / "ansible-playbook"), "site.yml"]
+    cmd += ["-i", inventory] if inventory else []
+    cmd += ["--check", "--diff"] if check else []
+    cmd += ["--tags", tags] if tags else []
+    cmd += ["--skip-tags", skip_tags] if skip_tags else []
+    with c.cd(str(ROOT)):
+        r = c.run(shlex.join(cmd) + (f" {extra}" if extra else ""), echo=True, warn=True, pty=sys.stdout.isatty(),
+                  env=_env())
+    if not r.ok:
+        raise Exit(f"site.yml failed (rc {r.exited}); the failing task's message above says what to fix", r.exited)
+
+
+@task(help={"count": "number of hosts", "prefix": "container name prefix"})
+def testhost_up(c: Context, count: int = 1, prefix: str = "pdstack-local") -> None:
+    """Boot local Debian bookworm test hosts (systemd in containers), reachable by Ansible."""
+    from pdstack import testhost
+    from pdstack.errors import PdstackError
+    try:
+        names = testhost.up(count=count, prefix=prefix)
+    except PdstackError as e:
+        raise Exit(str(e), 1) from e
+    print("test hosts up: " + ", ".join(names))
+
+
+@task(help={"prefix": "container name prefix"})
+def testhost_down(c: Context, prefix: str = "pdstack-local") -> None:
+    """Remove exactly what testhost.up made (containers, volumes, network)."""
+    from pdstack import testhost
+    from pdstack.errors import PdstackError
+    try:
+        removed = testhost.down(prefix=prefix)
+    except PdstackError as e:
+        raise Exit(str(e), 1) from e
+    print(f"removed: {removed}")
+
+
+@task(help={"prefix": "container name prefix"})
+def testhost_status(c: Context, prefix: str = "pdstack-local") -> None:
+    """Show the local test hosts."""
+    from pdstack import testhost
+    print(testhost.format_status(testhost.status(prefix=prefix)))
+
+
+@task(help={"arch": "CUDA arch to build for (repeatable; default sm_120a, or PDSTACK_CUDA_ARCHS)",
+            "out": "output directory"}, iterable=["arch"])
+def kernels(c: Context, arch: list[str] | None = None, out: str = "build/kernels") -> None:
+    """Build pdstack's CUDA kernels ahead of time (nvcc; default sm_120a)."""
+    cmd = [PY, "-m", "pdstack_kernels.build", "--out", out]
+    for a in arch or []:
+        cmd += ["--arch", a]
+    with c.cd(str(ROOT)):
+        c.run(shlex.join(cmd), echo=True, env={**_env(), "PYTHONPATH": str(ROOT / "kernels")})
+
+
+@task(help={"count": "number of local test hosts"})
+def demo(c: Context, count: int = 1) -> None:
+    """The main job on the embedded default: boot the local test host(s), run site.yml, print the summary."""
+    testhost_up(c, count=count)
+    deploy(c)
+    print("\npdstack demo: done. The plan above is in build/state/local/plan.json; "
+          "each host's part is in /etc/pdstack/plan.json on it (docker exec pdstack-local-1 cat /etc/pdstack/plan.json).")
+
+
+testhost = Collection("testhost")
+testhost.add_task(testhost_up, name="up")
+testhost.add_task(testhost_down, name="down")
+testhost.add_task(testhost_status, name="status")
+
+ns = Collection(lint, test, plan, deploy, kernels, demo, testhost)
+ns.configure({"run": {"echo": True}})
