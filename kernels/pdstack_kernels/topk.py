@@ -141,10 +141,10 @@ def topk_transform_512(
     *,
     topk: int = TOPK,
     backend: str = "auto",
-    block: int = 1024,
-    radix_bits: int = 8,
-    num_warps: int = 8,
-    onehot: bool | None = None,
+    block: int = 4096,
+    radix_bits: int = 4,
+    num_warps: int = 16,
+    onehot: bool = False,
 ) -> torch.Tensor:
     """Top-``topk`` positions of each row of ``logits`` as physical KV slots, [B, topk] int32 (returned).
 
@@ -152,6 +152,8 @@ def topk_transform_512(
     page_table [B, P] int32. ``out_page_indices`` / ``out_raw_indices`` ([B, topk] int32, contiguous) are
     written in place when given (upstream's calling convention). backend: "triton" (GPU; CPU under
     TRITON_INTERPRET=1), "torch" (torch.topk fallback), or "auto" (triton on CUDA, torch otherwise).
+    Defaults (4-bit radix, 4096-element chunks, 16 warps) were the fastest of the swept set on an H200
+    (kernels/BENCHMARKS.md); ``onehot`` counts by compare-and-sum instead of tl.histogram (slower there).
     """
     check_tensor("logits", logits, dtype=torch.float32, ndim=2, last_dim_contiguous=True)
     bsz, width = logits.shape
@@ -188,7 +190,7 @@ def topk_transform_512(
             out_raw_indices if out_raw_indices is not None else out_page_indices,
             logits.stride(0), page_table.stride(0), width,
             K=topk, PAGE_BITS=page_size.bit_length() - 1, BLOCK=block, RADIX_BITS=radix_bits,
-            HAS_RAW=out_raw_indices is not None, ONEHOT=radix_bits <= 4 if onehot is None else onehot,
+            HAS_RAW=out_raw_indices is not None, ONEHOT=onehot,
             num_warps=num_warps,
         )  # fmt: skip
     else:
