@@ -126,8 +126,12 @@ def demo(c: Context, count: int = 1) -> None:
     """The main job on the embedded default: boot the local test host(s), run site.yml, print the summary."""
     testhost_up(c, count=count)
     deploy(c)
-    print("\npdstack demo: done. The plan above is in build/state/local/plan.json; each host's part is in "
-          "/etc/pdstack/plan.json on it (docker exec pdstack-local-1 cat /etc/pdstack/plan.json).")
+    print("\n==== pdstack demo: summary ====")
+    with c.cd(str(ROOT)):
+        c.run(shlex.join([PY, "-m", "pdstack", "plan", "-i", "inventory/local", "--facts", "build/state/local/facts"]),
+              echo=False, env=_env())
+    print("\nplan (JSON): build/state/local/plan.json; each host's part: /etc/pdstack/plan.json on it "
+          "(docker exec pdstack-local-1 cat /etc/pdstack/plan.json). Remove the host: invoke testhost.down")
 
 
 testhost = Collection("testhost")
