@@ -119,7 +119,8 @@ class Engine:
         self.faults = faults
         self.rooms = RoomRegistry() if cfg.role is Role.PREFILL else None
         self.client: BootstrapClient | None = None  # set by the server once its aiohttp session exists (decode)
-        self.prefill_lock = asyncio.Lock()
+        self.prefill_lock = asyncio.Lock()  # one prefill forward at a time
+        self._prefill_owner: asyncio.Task | None = None
         self.slots = asyncio.Semaphore(cfg.max_running_requests)
         self.waiting = 0
         self.running = 0
@@ -161,16 +162,26 @@ class Engine:
             self._sync_gauges()
 
     @contextlib.asynccontextmanager
-    async def _running(self, tokens: int):
-        """Wait in the queue for a running slot, then hold it (and `tokens` of KV) for the body."""
+    async def _running(self, tokens: int, prefill: bool):
+        """Wait in the queue (sglang:num_queue_reqs) for a running slot and, when this request still needs a prefill,
+        for the prefill forward (the lock is then held on entry; `_forward_prefill` releases it). Then hold the slot
+        and `tokens` of KV for the body."""
         with self._count("waiting"):
             await self.slots.acquire()
+            if prefill:
+                try:
+                    await self.prefill_lock.acquire()
+                except BaseException:
+                    self.slots.release()
+                    raise
         self.running += 1
         self.metrics.add_used_tokens(tokens)
         self._sync_gauges()
         try:
             yield
         finally:
+            if prefill and self.prefill_lock.locked() and self._prefill_owner is asyncio.current_task():
+                self._release_prefill()
             self.running -= 1
             self.metrics.add_used_tokens(-tokens)
             self.slots.release()
@@ -256,11 +267,20 @@ class Engine:
         return cached
 
     async def _forward_prefill(self, prompt_ids: list[int]) -> int:
-        async with self.prefill_lock:
+        """The prefill forward; called with the prefill lock held (see `_running`), releases it."""
+        self._prefill_owner = asyncio.current_task()
+        try:
             cached = self._prefix(prompt_ids)
             seconds = (len(prompt_ids) - cached) / self.cfg.prefill_tokens_per_s + self.faults.slow_prefill_s
             await asyncio.sleep(seconds)
+        finally:
+            self._release_prefill()
         return cached
+
+    def _release_prefill(self) -> None:
+        self._prefill_owner = None
+        if self.prefill_lock.locked():
+            self.prefill_lock.release()
 
     async def _decode_tokens(self, req: GenRequest, pieces: list[str]):
         """Emit pieces on the decode timing model; honours the wedge fault before every token."""
@@ -287,7 +307,7 @@ class Engine:
                 self.metrics.add_used_tokens(-grown)
 
     async def _mono(self, req: GenRequest, prompt_ids: list[int], pieces: list[str]):
-        async with self._running(len(prompt_ids)):
+        async with self._running(len(prompt_ids), prefill=True):
             cached = await self._forward_prefill(prompt_ids)
             yield cached
             async for tok in self._decode_tokens(req, pieces):
@@ -314,7 +334,7 @@ class Engine:
                 self.metrics.num_bootstrap_failed_reqs.inc()
                 raise self._abort(500, f"Prefill bootstrap failed for request {rid_room} with exception "
                                        f"KVTransferError(bootstrap_room={req.bootstrap_room}): {room.message}")
-        async with self._running(len(prompt_ids)):
+        async with self._running(len(prompt_ids), prefill=True):
             cached = await self._forward_prefill(prompt_ids)
             yield cached
             with self._count("inflight_queue"):
@@ -364,7 +384,7 @@ class Engine:
             sent_at = payload.get("sent_at")
             if isinstance(sent_at, int | float):
                 self.metrics.kv_transfer_latency_ms.observe(max(0.0, time.time() - sent_at) * 1000)
-        async with self._running(len(prompt_ids)):
+        async with self._running(len(prompt_ids), prefill=False):
             yield self._prefix(prompt_ids)
             async for tok in self._decode_tokens(req, pieces):
                 yield tok

@@ -1,10 +1,11 @@
-"""Fixtures for the TEST ENGINE suite: sim processes and the real sglang-router, on 127.0.0.1 only.
+"""Helpers and fixtures for the TEST ENGINE suite: sim processes and the real sglang-router, on 127.0.0.1 only.
 
 Every process started here is stopped (SIGTERM, then SIGKILL of its process group) when its fixture ends.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -23,13 +24,20 @@ ROUTER_FAST = ["--request-timeout-secs", "2", "--retry-max-retries", "2", "--ret
                "--worker-startup-check-interval", "1"]
 
 
+TRUNCATED = "\n<<TRUNCATED BODY>>"
+
+
 def post(url: str, body: dict, timeout: float = 30.0) -> tuple[int, str]:
-    """POST JSON; returns (status, body text). Never raises for HTTP errors."""
+    """POST JSON; returns (status, body text). Never raises for HTTP errors; a body cut off mid-transfer
+    comes back as what arrived + TRUNCATED."""
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode("utf-8", "replace")
+            try:
+                return r.status, r.read().decode("utf-8", "replace")
+            except http.client.IncompleteRead as e:
+                return r.status, e.partial.decode("utf-8", "replace") + TRUNCATED
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode("utf-8", "replace")
 
