@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -21,8 +22,6 @@ def _text(path: str, stream: bool, status: int, raw: str) -> tuple[str, str]:
     """(generated text, finish reason type) of a response in any of the API forms."""
     assert status == 200, raw
     if not stream:
-        import json
-
         body = json.loads(raw)
         if path == "/generate":
             return body["text"], body["meta_info"]["finish_reason"]["type"]
