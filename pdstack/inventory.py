@@ -163,11 +163,25 @@ ROUTER = Schema("pdstack_router", {
     "extra_args": Field((dict,), "extra router flags, name without dashes -> value", default=dict, check=_extra_args),
 })
 
+PD = Schema("pdstack_pd", {
+    "bootstrap_timeout_s": Field((int,), "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT: seconds a prefill waits for its "
+                                 "decode peer's bootstrap", default=300, check=_positive),
+    "waiting_timeout_s": Field((int,), "SGLANG_DISAGGREGATION_WAITING_TIMEOUT: seconds a decode waits for the KV "
+                               "transfer", default=300, check=_positive),
+    "heartbeat_interval_s": Field((int, float), "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL: seconds between PD peer "
+                                  "heartbeats", default=5.0, check=_positive),
+    "heartbeat_max_failure": Field((int,), "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE: missed heartbeats before a "
+                                   "peer is dead", default=2, check=_positive),
+    "health_check_timeout_s": Field((int,), "SGLANG_HEALTH_CHECK_TIMEOUT: seconds /health waits for its 1-token "
+                                    "generate", default=20, check=_positive),
+})
+
 TOP_LEVEL = {
     "pdstack_environment": Field((str,), "production, local or test", choices=ENVIRONMENTS),
     "pdstack_model": Field((dict,), "the served model", schema=MODEL),
     "pdstack_image": Field((dict,), "the image", schema=IMAGE),
     "pdstack_router": Field((dict,), "the router", default=dict, schema=ROUTER),
+    "pdstack_pd": Field((dict,), "SGLang PD timeouts (environment of every server)", default=dict, schema=PD),
 }
 HOST_LEVEL = {
     "pdstack_servers": Field((list,), "prefill/decode servers on this host", default=list, item_schema=SERVER),
@@ -196,6 +210,7 @@ class Deployment:
     model: dict[str, Any]
     image: dict[str, Any]
     router: dict[str, Any]
+    pd: dict[str, Any]
     hosts: dict[str, Host]
     router_host: str
     monitoring_hosts: list[str]
@@ -287,6 +302,7 @@ def build_deployment(hostvars: dict[str, dict[str, Any]], groups: dict[str, list
         model=top["pdstack_model"],
         image=top["pdstack_image"],
         router=top["pdstack_router"],
+        pd=top["pdstack_pd"],
         hosts=hosts,
         router_host=router_hosts[0],
         monitoring_hosts=monitoring,

@@ -160,8 +160,20 @@ def server_flags(dep: Deployment, s: dict, hc: HiCachePlan) -> list[str]:
     return out + flags.render_extra(s["extra_args"])
 
 
+PD_ENV = {
+    "bootstrap_timeout_s": "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",
+    "waiting_timeout_s": "SGLANG_DISAGGREGATION_WAITING_TIMEOUT",
+    "heartbeat_interval_s": "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL",
+    "heartbeat_max_failure": "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE",
+    "health_check_timeout_s": "SGLANG_HEALTH_CHECK_TIMEOUT",
+}
+
+
 def server_env(dep: Deployment, s: dict) -> dict[str, str]:
-    env = {}
+    # NVIDIA_VISIBLE_DEVICES: the GPUs the container runtime exposes (the sim test engine just reports it)
+    env = {"NVIDIA_VISIBLE_DEVICES": ",".join(map(str, s["gpus"]))}
+    env.update({name: f"{dep.pd[key]:g}" if isinstance(dep.pd[key], float) else str(dep.pd[key])
+                for key, name in PD_ENV.items()})
     if dep.model["family"] == "deepseek_v4" and dep.model["index_k_dtype"] == "bf16":
         env[BF16_INDEX_K_ENV] = "1"
     env.update({str(k): str(v) for k, v in s["env"].items()})

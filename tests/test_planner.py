@@ -53,7 +53,12 @@ def test_argv_is_launcher_plus_flags_and_roles_differ():
     assert pre.flags[pre.flags.index("--disaggregation-mode") + 1] == "prefill"
     assert pre.flags[pre.flags.index("--disaggregation-bootstrap-port") + 1] == "8998"
     assert "--disaggregation-bootstrap-port" not in dec.flags
-    assert pre.env == {"PDSTACK_DSV4_BF16_INDEX_K": "1"}
+    assert pre.env["PDSTACK_DSV4_BF16_INDEX_K"] == "1"
+    assert pre.env["NVIDIA_VISIBLE_DEVICES"] == "0,1,2,3" and dec.env["NVIDIA_VISIBLE_DEVICES"] == "4,5,6,7"
+    # SGLang's PD timeouts, defaults as SGLang 0.5.23's own (environ.py)
+    assert pre.env["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] == "300"
+    assert pre.env["SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL"] == "5"
+    assert pre.env["SGLANG_HEALTH_CHECK_TIMEOUT"] == "20"
 
 
 def test_router_argv_lists_every_worker_with_admission_control():
@@ -165,3 +170,14 @@ def test_local_inventory_plans_on_a_simulated_host():
     p = planner.make_plan(dep, dict.fromkeys(dep.hosts, facts))
     assert p.engine == "sim" and p.servers[0].argv[:2] == ["pdstack", "sim"]
     assert p.servers[0].hicache.ratio == 0.5
+
+
+def test_pd_timeout_defaults_are_sglangs_own():
+    from sglang.srt import environ
+
+    from pdstack.inventory import PD
+    for key, name in planner.PD_ENV.items():
+        upstream = getattr(environ.Envs, name, None)
+        if upstream is None:  # SGLANG_HEALTH_CHECK_TIMEOUT is read with os.getenv in 0.5.23
+            continue
+        assert PD.fields[key].default == upstream.default, name
