@@ -98,3 +98,12 @@ def test_timing_model_prefill_and_decode_rates(tmp_path):
         assert scrape(sim.url)["sglang:cache_hit_rate"] > 0
     finally:
         sim.stop()
+
+
+def test_crash_after_flag_exits_with_the_given_code(tmp_path):
+    sim = SimProcess("mono", tmp_path, ["--fault-crash-after-s", "1", "--fault-crash-exit-code", "7"])
+    try:
+        sim.start()
+        assert sim.proc.wait(10) == 7
+    finally:
+        sim.stop()

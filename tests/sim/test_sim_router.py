@@ -7,7 +7,8 @@ import threading
 import time
 
 import pytest
-from sim_helpers import TRUNCATED, families, parse_sse, post, scrape
+from prometheus_client.parser import text_string_to_metric_families
+from sim_helpers import TRUNCATED, families, parse_sse, post, scrape, start_pd
 
 from pdstack.sim import model
 from pdstack.sim.launch import http_get
@@ -195,3 +196,23 @@ def test_bootstrap_failure_and_crashed_prefill_abort_the_request(fresh_pd):
     # stream: the router itself notices the dead prefill and answers 502 prefill_server_error
     status, raw = post(s.router.url + "/generate", _request("/generate", "hi", True, 3))
     assert status == 502 and "prefill_server_error" in raw, raw
+
+
+def test_decode_503_with_default_retries_opens_the_circuit_breaker(tmp_path):
+    """Router defaults: --retry-max-retries 5 means 5 attempts in all; --cb-failure-threshold 10 failures open it."""
+    stack, s = start_pd(tmp_path, prefill_extra=["--bootstrap-timeout-s", "0.2"],
+                        router_extra=["--retry-max-retries", "5", "--retry-max-backoff-ms", "30000"])
+    with stack:
+        s.decode.fault(reject_status=503)
+        for _ in range(2):
+            before = scrape(s.decode.url)["sglang:num_aborted_requests_total"]
+            status, raw = post(s.router.url + "/generate", _request("/generate", "hi", False, 3))
+            assert status == 503 and "decode_unavailable" in raw, raw
+            assert scrape(s.decode.url)["sglang:num_aborted_requests_total"] - before == 5
+        status, raw = post(s.router.url + "/generate", _request("/generate", "hi", False, 3))
+        assert status == 503 and "server_selection_failed" in raw and "circuits open" in raw, raw
+        status, raw = http_get(f"http://127.0.0.1:{s.router.metrics_port}/metrics")
+        cb = {sm.labels["worker"]: sm.value for f in text_string_to_metric_families(raw.decode())
+              if f.name == "smg_worker_cb_state" for sm in f.samples}
+        # both breakers are open (1), the prefill's too although only decode failed
+        assert cb == {s.prefill.url: 1, s.decode.url: 1}
