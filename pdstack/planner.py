@@ -227,8 +227,9 @@ def make_plan(dep: Deployment, facts: dict[str, dict]) -> Plan:
         hc = hicache_plan(s, f, node, h.numa_reserve_gb)
         fl = server_flags(dep, s, hc)
         servers.append(ServerPlan(
-            host=h.name, address=h.address, name=s["name"], role=s["role"], unit=f"pdstack-{s['name']}.service",
-            container=f"pdstack-{s['name']}", gpus=list(s["gpus"]), tp_size=s["tp_size"], numa_node=node,
+            host=h.name, address=h.address, name=s["name"], role=s["role"],
+            unit=f"pdstack-server-{s['name']}.service", container=f"pdstack-{s['name']}", gpus=list(s["gpus"]),
+            tp_size=s["tp_size"], numa_node=node,
             numa_source="override" if s["numa_override"] else "facts", cpuset_cpus=cpus, cpuset_mems=str(node),
             ports={"http": s["ports"]["http"], "bootstrap": s["ports"]["bootstrap"], "metrics": s["ports"]["http"]},
             url=f"http://{h.address}:{s['ports']['http']}", hicache=hc, flags=fl, argv=[*launcher, *fl],
