@@ -6,10 +6,16 @@ topk largest in no particular order. A position i becomes ``page_table[b, i >> p
 (i & (page_size - 1))``. Ties at the k-th value are broken arbitrarily (as upstream). NaN logits are not
 supported (as upstream).
 
-The Triton kernel is an exact radix select: one program per row, ``32 / RADIX_BITS`` histogram passes over
-the row's order-preserving uint32 keys (each pass narrows the prefix of the k-th largest key, and stops
-early once the bucket that holds it is taken whole), then one pass that writes the selected positions with
-prefix sums. No sort, no [B, N] temporaries.
+Two exact Triton radix selects, neither sorts nor allocates [B, N] temporaries:
+
+- split (default): each row is cut into ``block``-element segments, one program per segment, so even B=1
+  fills the GPU. ``32 / radix_bits`` histogram launches: each program re-derives the prefix of the k-th
+  largest key from the previous passes' per-row histograms (a few hundred int32 in a small zeroed
+  workspace), histograms its segment's keys that still match the prefix, and merges into the row's
+  histogram with atomics; once the bucket that holds the k-th key is taken whole, later passes return at
+  once. A last launch writes: keys above the prefix get output slots from a per-row atomic counter, keys
+  equal to it from a second counter, kept while their rank < the remaining k (ties: arbitrary, exact count).
+- single (``programs_per_row=1``): the previous one-program-per-row kernel (all passes in one launch).
 """
 
 from __future__ import annotations
@@ -131,6 +137,146 @@ def _topk_transform_kernel(
             base_eq += tl.sum(eq_i, 0)
 
 
+@triton.jit
+def _radix_state(ws_row, npass, K: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """Replay the first ``npass`` histogram passes of a row: (prefix, shift, k_rem, active).
+
+    prefix = resolved high ``32 - shift`` bits of the k-th largest key; k_rem = how many keys whose high bits
+    equal prefix are still to be taken; active = 0 once that bucket is taken whole (or all bits resolved)."""
+    NBINS: tl.constexpr = 1 << RADIX_BITS
+    bins = tl.arange(0, NBINS)
+    prefix = tl.zeros([], tl.uint32)
+    shift = tl.full([], 32, tl.int32)
+    k_rem = tl.full([], K, tl.int32)
+    active = tl.full([], 1, tl.int32)
+    for ps in range(npass):
+        hist = tl.load(ws_row + ps * NBINS + bins)
+        new_shift = tl.maximum(shift - RADIX_BITS, 0)
+        width_bits = shift - new_shift
+        above = tl.sum(hist, 0) - tl.cumsum(hist, 0)
+        hit = (above < k_rem) & (above + hist >= k_rem)
+        d_star = tl.sum(tl.where(hit, bins, 0), 0)
+        above_star = tl.sum(tl.where(hit, above, 0), 0)
+        hist_star = tl.sum(tl.where(hit, hist, 0), 0)
+        upd = active != 0
+        k_new = k_rem - above_star
+        prefix = tl.where(upd, (prefix << width_bits.to(tl.uint32)) | d_star.to(tl.uint32), prefix)
+        active = tl.where(upd, ((hist_star != k_new) & (new_shift != 0)).to(tl.int32), active)
+        k_rem = tl.where(upd, k_new, k_rem)
+        shift = tl.where(upd, new_shift, shift)
+    return prefix, shift, k_rem, active
+
+
+@triton.jit
+def _topk_hist_kernel(
+    logits_ptr,
+    seq_lens_ptr,
+    ws_ptr,
+    stride_lb,
+    stride_ws,
+    width,
+    npass,
+    K: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Pass ``npass`` of the split radix select: this segment's histogram of the next digit, merged by atomics."""
+    NBINS: tl.constexpr = 1 << RADIX_BITS
+    s = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    n = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), width)
+    start = s * BLOCK
+    if (n > K) & (start < n):
+        ws_row = ws_ptr + b * stride_ws
+        prefix, shift, k_rem, active = _radix_state(ws_row, npass, K, RADIX_BITS)
+        if active != 0:
+            i = start + tl.arange(0, BLOCK)
+            m = i < n
+            key = _ordered_key(tl.load(logits_ptr + b * stride_lb + i, mask=m, other=0.0))
+            # pass 0 has shift 32 (no prefix yet): the comparison is skipped there
+            m = m & ((npass == 0) | ((key >> shift.to(tl.uint32)) == prefix))
+            new_shift = tl.maximum(shift - RADIX_BITS, 0)
+            digit_mask = ((1 << (shift - new_shift)) - 1).to(tl.uint32)
+            digit = ((key >> new_shift.to(tl.uint32)) & digit_mask).to(tl.int32)
+            hist = tl.histogram(digit, NBINS, mask=m)
+            tl.atomic_add(ws_row + npass * NBINS + tl.arange(0, NBINS), hist, mask=hist > 0, sem="relaxed")
+
+
+@triton.jit
+def _topk_write_kernel(
+    logits_ptr,
+    seq_lens_ptr,
+    pt_ptr,
+    out_ptr,
+    raw_ptr,
+    ws_ptr,
+    stride_lb,
+    stride_ptb,
+    stride_ws,
+    width,
+    npass,
+    K: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
+    PAGE_BITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_RAW: tl.constexpr,
+):
+    """Last launch of the split select: selected positions of this segment -> slots (counters in the workspace)."""
+    NBINS: tl.constexpr = 1 << RADIX_BITS
+    PAGE_MASK: tl.constexpr = (1 << PAGE_BITS) - 1
+    s = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    n = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), width)
+    pt_row = pt_ptr + b * stride_ptb
+    out_row = out_ptr + b * K
+    raw_row = raw_ptr + b * K
+    offs = tl.arange(0, BLOCK)
+    if n <= K:
+        if s == 0:  # short row: positions 0..n-1 in order, -1 after
+            for start in range(0, K, BLOCK):
+                i = start + offs
+                keep = i < n
+                page = tl.load(pt_row + (i >> PAGE_BITS), mask=keep, other=0)
+                slot = tl.where(keep, (page << PAGE_BITS) | (i & PAGE_MASK), -1)
+                tl.store(out_row + i, slot, mask=i < K)
+                if HAS_RAW:
+                    tl.store(raw_row + i, tl.where(keep, i, -1), mask=i < K)
+    else:
+        start = s * BLOCK
+        if start < n:
+            ws_row = ws_ptr + b * stride_ws
+            prefix, shift, k_rem, active = _radix_state(ws_row, npass, K, RADIX_BITS)
+            i = start + offs
+            m = i < n
+            key = _ordered_key(tl.load(logits_ptr + b * stride_lb + i, mask=m, other=0.0))
+            hi = key >> shift.to(tl.uint32)  # shift < 32 after pass 0
+            gt = m & (hi > prefix)
+            eq = m & (hi == prefix)
+            gt_i = gt.to(tl.int32)
+            eq_i = eq.to(tl.int32)
+            cnt = ws_row + npass * NBINS
+            base_gt = tl.atomic_add(cnt, tl.sum(gt_i, 0), sem="relaxed")
+            base_eq = tl.atomic_add(cnt + 1, tl.sum(eq_i, 0), sem="relaxed")
+            rank_eq = base_eq + tl.cumsum(eq_i, 0) - 1
+            take_eq = eq & (rank_eq < k_rem)
+            dst = tl.where(gt, base_gt + tl.cumsum(gt_i, 0) - 1, (K - k_rem) + rank_eq)
+            sel = gt | take_eq
+            page = tl.load(pt_row + (i >> PAGE_BITS), mask=sel, other=0)
+            slot = (page << PAGE_BITS) | (i & PAGE_MASK)
+            tl.store(out_row + dst, slot, mask=sel)
+            if HAS_RAW:
+                tl.store(raw_row + dst, i, mask=sel)
+
+
+def _split_block(bsz: int, width: int, device: torch.device) -> int:
+    """Segment length: the largest of 8192..1024 that still gives >= 2 programs per SM."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    block = 8192
+    while block > 1024 and bsz * triton.cdiv(width, block) < 2 * sms:
+        block //= 2
+    return block
+
+
 def topk_transform_512(
     logits: torch.Tensor,
     seq_lens: torch.Tensor,
@@ -141,10 +287,11 @@ def topk_transform_512(
     *,
     topk: int = TOPK,
     backend: str = "auto",
-    block: int = 4096,
-    radix_bits: int = 4,
-    num_warps: int = 16,
+    block: int | None = None,
+    radix_bits: int | None = None,
+    num_warps: int | None = None,
     onehot: bool = False,
+    programs_per_row: int | None = None,
 ) -> torch.Tensor:
     """Top-``topk`` positions of each row of ``logits`` as physical KV slots, [B, topk] int32 (returned).
 
@@ -152,8 +299,10 @@ def topk_transform_512(
     page_table [B, P] int32. ``out_page_indices`` / ``out_raw_indices`` ([B, topk] int32, contiguous) are
     written in place when given (upstream's calling convention). backend: "triton" (GPU; CPU under
     TRITON_INTERPRET=1), "torch" (torch.topk fallback), or "auto" (triton on CUDA, torch otherwise).
-    Defaults (4-bit radix, 4096-element chunks, 16 warps) were the fastest of the swept set on an H200
-    (kernels/BENCHMARKS.md); ``onehot`` counts by compare-and-sum instead of tl.histogram (slower there).
+    Triton paths (kernels/BENCHMARKS.md): by default the split select (``block``-element segments, one program
+    each; ``block`` from the grid size unless given, or ``cdiv(W, programs_per_row)`` rounded up to a power of
+    two; ``radix_bits`` 8); ``programs_per_row=1`` runs the one-program-per-row kernel (defaults: 4-bit radix,
+    4096-element chunks, 16 warps; ``onehot`` counts by compare-and-sum there instead of tl.histogram).
     """
     check_tensor("logits", logits, dtype=torch.float32, ndim=2, last_dim_contiguous=True)
     bsz, width = logits.shape
@@ -183,19 +332,55 @@ def topk_transform_512(
     if backend == "torch":
         _topk_transform_torch(logits, seq_lens, page_table, out_page_indices, page_size, out_raw_indices, topk)
     elif backend == "triton":
-        if radix_bits not in (4, 8, 11):
+        if radix_bits is not None and radix_bits not in (4, 8, 11):
             raise KernelArgError(f"radix_bits must be 4, 8 or 11, got {radix_bits}")
-        _topk_transform_kernel[(bsz,)](
-            logits, seq_lens, page_table, out_page_indices,
-            out_raw_indices if out_raw_indices is not None else out_page_indices,
-            logits.stride(0), page_table.stride(0), width,
-            K=topk, PAGE_BITS=page_size.bit_length() - 1, BLOCK=block, RADIX_BITS=radix_bits,
-            HAS_RAW=out_raw_indices is not None, ONEHOT=onehot,
-            num_warps=num_warps,
-        )  # fmt: skip
+        if programs_per_row is not None and programs_per_row < 1:
+            raise KernelArgError(f"programs_per_row must be >= 1, got {programs_per_row}")
+        if block is not None and (block < 16 or block & (block - 1)):
+            raise KernelArgError(f"block must be a power of two >= 16, got {block}")
+        raw_arg = out_raw_indices if out_raw_indices is not None else out_page_indices
+        page_bits = page_size.bit_length() - 1
+        if programs_per_row == 1 or onehot:
+            _topk_transform_kernel[(bsz,)](
+                logits, seq_lens, page_table, out_page_indices, raw_arg,
+                logits.stride(0), page_table.stride(0), width,
+                K=topk, PAGE_BITS=page_bits, BLOCK=block or 4096, RADIX_BITS=radix_bits or 4,
+                HAS_RAW=out_raw_indices is not None, ONEHOT=onehot,
+                num_warps=num_warps or 16,
+            )  # fmt: skip
+        else:
+            _topk_split(logits, seq_lens, page_table, out_page_indices, raw_arg, out_raw_indices is not None,
+                        page_bits, topk, block, radix_bits or 8, num_warps, programs_per_row)
     else:
         raise KernelArgError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     return out_page_indices
+
+
+def _topk_split(logits, seq_lens, page_table, out, raw, has_raw, page_bits, topk, block, radix_bits, num_warps,
+                programs_per_row):
+    bsz, width = logits.shape
+    if block is None:
+        if programs_per_row is not None:
+            block = max(16, triton.next_power_of_2(triton.cdiv(max(width, 1), programs_per_row)))
+        else:
+            block = _split_block(bsz, width, logits.device)
+    if num_warps is None:
+        num_warps = 4 if block <= 2048 else 8
+    nbins = 1 << radix_bits
+    npass = triton.cdiv(32, radix_bits)
+    # per row: one histogram per pass, then the two output counters of the write launch
+    ws = torch.zeros((bsz, npass * nbins + 2), dtype=torch.int32, device=logits.device)
+    grid = (max(1, triton.cdiv(width, block)), bsz)
+    for ps in range(npass):
+        _topk_hist_kernel[grid](
+            logits, seq_lens, ws, logits.stride(0), ws.stride(0), width, ps,
+            K=topk, RADIX_BITS=radix_bits, BLOCK=block, num_warps=num_warps,
+        )  # fmt: skip
+    _topk_write_kernel[grid](
+        logits, seq_lens, page_table, out, raw, ws,
+        logits.stride(0), page_table.stride(0), ws.stride(0), width, npass,
+        K=topk, RADIX_BITS=radix_bits, PAGE_BITS=page_bits, BLOCK=block, HAS_RAW=has_raw, num_warps=num_warps,
+    )  # fmt: skip
 
 
 def _topk_transform_torch(logits, seq_lens, page_table, out_page_indices, page_size, out_raw_indices, topk):

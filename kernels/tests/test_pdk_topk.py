@@ -54,31 +54,74 @@ CPU_CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+# Triton paths: the split select (default; small blocks so rows span many programs on CPU) and the
+# one-program-per-row kernel
+PATHS = {
+    "split": {},
+    "split-b128": dict(block=128),
+    "split-ppr7": dict(programs_per_row=7),
+    "single": dict(programs_per_row=1),
+}
+
+
+@pytest.mark.parametrize("backend,path", [("triton", p) for p in PATHS] + [("torch", None)])
 @pytest.mark.parametrize("seq_lens,width", CPU_CASES, ids=str)
-def test_topk_small(seq_lens, width, backend, device):
+def test_topk_small(seq_lens, width, backend, path, device):
     logits, sl, pt = _case(seq_lens, width, device)
-    _check(logits, sl, pt, backend)
+    _check(logits, sl, pt, backend, **PATHS.get(path, {}))
 
 
-@pytest.mark.parametrize("radix_bits,onehot", [(4, True), (4, False), (8, False), (11, False)])
-def test_topk_ties_and_radix_widths(radix_bits, onehot, device):
+@pytest.mark.parametrize("radix_bits,kw", [
+    (4, dict(programs_per_row=1, onehot=True)),
+    (4, dict(programs_per_row=1)),
+    (8, dict(programs_per_row=1)),
+    (11, dict(programs_per_row=1)),
+    (4, dict(block=256)),
+    (8, dict(block=256)),
+    (11, dict(block=512)),
+], ids=str)  # fmt: skip
+def test_topk_ties_and_radix_widths(radix_bits, kw, device):
     logits, sl, pt = _case([1500, 900], 1500, device, ties=True)
-    _check(logits, sl, pt, "triton", radix_bits=radix_bits, onehot=onehot)
+    _check(logits, sl, pt, "triton", radix_bits=radix_bits, **kw)
     logits, sl, pt = _case([1500], 1500, device)
-    _check(logits, sl, pt, "triton", radix_bits=radix_bits, onehot=onehot)
+    _check(logits, sl, pt, "triton", radix_bits=radix_bits, **kw)
 
 
-def test_topk_negative_and_inf_values(device):
+@pytest.mark.parametrize("path", ["split", "split-b128", "single"])
+def test_topk_ties_at_threshold(path, device):
+    """The 512th value is shared by 300 positions spread over every segment: exactly 512 taken, no overrun."""
+    logits, sl, pt = _case([2000, 2000, 1000], 2000, device)
+    for b, n in enumerate([2000, 2000, 1000]):
+        row = torch.randn(n, device=device).abs() - 10.0  # below the tie value
+        perm = torch.randperm(n, device=device)
+        row[perm[:400]] = 5.0 + torch.rand(400, device=device)  # 400 strictly above
+        row[perm[400:700]] = 2.5  # 300 tied; 112 of them are taken
+        logits[b, :n] = row
+    logits[2, :1000] = 1.0  # row 2: all tied
+    _check(logits, sl, pt, "triton", **PATHS[path])
+
+
+@pytest.mark.parametrize("path", ["split", "split-b128", "single"])
+def test_topk_just_above_k(path, device):
+    """seq_len = 513, 514, 520 in a wide row (the NaN tail past seq_len must not be read) and 512 exactly."""
+    logits, sl, pt = _case([513, 514, 520, 512, 3000], 3000, device)
+    _check(logits, sl, pt, "triton", **PATHS[path])
+
+
+@pytest.mark.parametrize("path", ["split-b128", "single"])
+def test_topk_negative_and_inf_values(path, device):
     logits, sl, pt = _case([1200], 1200, device)
     logits[0, :1200] = -logits[0, :1200].abs() - 1
     logits[0, 100:700] = float("-inf")  # 600 -inf; 600 finite > 512
-    _check(logits, sl, pt, "triton")
+    _check(logits, sl, pt, "triton", **PATHS[path])
+    logits[0, 100:1100] = float("-inf")  # 1000 -inf: the k-th value is -inf
+    _check(logits, sl, pt, "triton", **PATHS[path])
 
 
-def test_topk_small_k(device):
+@pytest.mark.parametrize("path", ["split-b128", "single"])
+def test_topk_small_k(path, device):
     logits, sl, pt = _case([300, 20], 300, device)
-    _check(logits, sl, pt, "triton", topk=32)
+    _check(logits, sl, pt, "triton", topk=32, **PATHS[path])
 
 
 def test_topk_errors_name_the_tensor(device):
@@ -91,6 +134,10 @@ def test_topk_errors_name_the_tensor(device):
         topk_transform_512(logits, sl, pt.long())
     with pytest.raises(KernelArgError, match="out_page_indices"):
         topk_transform_512(logits, sl, pt, torch.empty(1, 100, dtype=torch.int32, device=device))
+    with pytest.raises(KernelArgError, match="block"):
+        topk_transform_512(logits, sl, pt, backend="triton", block=100)
+    with pytest.raises(KernelArgError, match="programs_per_row"):
+        topk_transform_512(logits, sl, pt, backend="triton", programs_per_row=0)
 
 
 @pytest.mark.gpu
@@ -101,8 +148,9 @@ def test_topk_errors_name_the_tensor(device):
     ([65536, 40000], 65536),
     ([5000] * 32, 5000),
 ], ids=lambda v: str(v)[:40])  # fmt: skip
-def test_topk_gpu(seq_lens, width):
+@pytest.mark.parametrize("kw", [{}, dict(block=1024), dict(radix_bits=4), dict(programs_per_row=1)], ids=str)
+def test_topk_gpu(seq_lens, width, kw):
     logits, sl, pt = _case(seq_lens, width, torch.device("cuda"))
-    _check(logits, sl, pt, "triton")
+    _check(logits, sl, pt, "triton", **kw)
     logits, sl, pt = _case(seq_lens, width, torch.device("cuda"), ties=True)
-    _check(logits, sl, pt, "triton")
+    _check(logits, sl, pt, "triton", **kw)
