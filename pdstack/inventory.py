@@ -73,6 +73,9 @@ MODEL = Schema("pdstack_model", {
     "index_k_dtype": Field((str,), "DSA indexer key dtype: bf16 (pdstack's patch; fixes recall past ~2K tokens) or "
                            "fp8 (upstream, 132 B/token)", default="bf16", choices=("bf16", "fp8")),
     "trust_remote_code": Field((bool,), "pass --trust-remote-code", default=True),
+    "gpu_arch": Field((str,), "GPU architecture of the serving hosts: sm_120 (RTX PRO 6000 Blackwell) has no DeepGEMM "
+                      "build, so DeepSeek-V4's indexer is routed to the torch/pdstack-kernel path", default="sm_120",
+                      choices=("sm_120", "sm_100", "sm_90")),
 })
 
 IMAGE = Schema("pdstack_image", {

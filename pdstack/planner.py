@@ -21,6 +21,9 @@ SGLANG_LAUNCHER = ["python3", "-m", "sglang.launch_server"]
 SIM_LAUNCHER = ["pdstack", "sim"]  # the TEST ENGINE; accepts SGLang's flag names
 ROUTER_LAUNCHER = ["python3", "-m", "sglang_router.launch_router"]
 BF16_INDEX_K_ENV = "PDSTACK_DSV4_BF16_INDEX_K"  # read by our SGLang patch series (kernels/patches)
+# DeepGEMM's paged MQA logits has no sm_120 build: SGLang 0.5.23 takes its torch path (which our patch series
+# routes to pdstack_kernels for bf16 keys) only with this set (dsv4/indexer.py, dsv4/metadata.py).
+SM120_INDEXER_ENV = "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH"
 
 
 @dataclass
@@ -175,7 +178,9 @@ def server_env(dep: Deployment, s: dict) -> dict[str, str]:
     env.update({name: f"{dep.pd[key]:g}" if isinstance(dep.pd[key], float) else str(dep.pd[key])
                 for key, name in PD_ENV.items()})
     if dep.model["family"] == "deepseek_v4" and dep.model["index_k_dtype"] == "bf16":
-        env[BF16_INDEX_K_ENV] = "1"
+        env[BF16_INDEX_K_ENV] = "1"  # the same on prefill and decode: their PD page rows must match in size
+    if dep.model["family"] == "deepseek_v4" and dep.model["gpu_arch"] == "sm_120":
+        env[SM120_INDEXER_ENV] = "1"
     env.update({str(k): str(v) for k, v in s["env"].items()})
     return env
 

@@ -53,7 +53,8 @@ def test_argv_is_launcher_plus_flags_and_roles_differ():
     assert pre.flags[pre.flags.index("--disaggregation-mode") + 1] == "prefill"
     assert pre.flags[pre.flags.index("--disaggregation-bootstrap-port") + 1] == "8998"
     assert "--disaggregation-bootstrap-port" not in dec.flags
-    assert pre.env["PDSTACK_DSV4_BF16_INDEX_K"] == "1"
+    assert pre.env["PDSTACK_DSV4_BF16_INDEX_K"] == dec.env["PDSTACK_DSV4_BF16_INDEX_K"] == "1"
+    assert pre.env["SGLANG_FP8_PAGED_MQA_LOGITS_TORCH"] == "1"  # sm_120: no DeepGEMM
     assert pre.env["NVIDIA_VISIBLE_DEVICES"] == "0,1,2,3" and dec.env["NVIDIA_VISIBLE_DEVICES"] == "4,5,6,7"
     # SGLang's PD timeouts, defaults as SGLang 0.5.23's own (environ.py)
     assert pre.env["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] == "300"
