@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -25,18 +27,26 @@ from pdstack_kernels import paged_mqa_logits_bf16, topk_transform_512  # noqa: E
 from pdstack_kernels import reference as R  # noqa: E402
 
 H, D, PAGE = 64, 128, 64
-LOGITS_CONFIGS = [
-    dict(num_warps=4, num_stages=3),  # pages_per_prog from the wrapper's heuristic
-    dict(num_warps=4, num_stages=3, pages_per_prog=4),
-    dict(num_warps=4, num_stages=3, pages_per_prog=8),
-    dict(num_warps=4, num_stages=4, pages_per_prog=16),
+LOGITS_CONFIGS = [dict(num_warps=4, num_stages=3)] + [  # first: pages_per_prog from the wrapper's heuristic
+    dict(num_warps=w, num_stages=st, pages_per_prog=ppp)
+    for ppp in (1, 2, 4, 8, 16)
+    for w, st in ((4, 2), (4, 3), (4, 4), (8, 3))
 ]
 TOPK_CONFIGS = [
-    dict(radix_bits=8, block=4096, num_warps=16),
-    dict(radix_bits=4, block=4096, num_warps=16, onehot=False),
-    dict(radix_bits=4, block=2048, num_warps=8, onehot=True),
-    dict(radix_bits=4, block=4096, num_warps=16, onehot=True),
+    {},  # split select, wrapper defaults (8-bit radix, block from the grid size)
+    dict(radix_bits=4),
+    dict(block=1024),
+    dict(block=2048),
+    dict(block=4096),
+    dict(block=2048, num_warps=8),
+    dict(block=8192, num_warps=16),
+    dict(programs_per_row=1),  # the previous one-program-per-row kernel
 ]
+
+
+@triton.jit
+def _empty_kernel(ptr):
+    tl.store(ptr, 1.0)
 
 
 class Timer:
@@ -57,6 +67,17 @@ class Timer:
             e.synchronize()
             times.append(s.elapsed_time(e) * 1e3)
         return statistics.median(times)
+
+
+    def graph(self, fn, reps: int = 30) -> float:
+        """Median microseconds of one CUDA-graph replay of fn() (captured once), L2 flushed before each."""
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        torch.cuda.synchronize()
+        return self(g.replay, reps=reps)
 
 
 def copy_bandwidth(timer: Timer, nbytes: int = 2 << 30) -> float:
@@ -101,7 +122,11 @@ def run_case(timer: Timer, copy_gbs: float, bsz: int, n: int) -> dict:
 
     best = None
     for cfg in LOGITS_CONFIGS:
-        us = timer(lambda cfg=cfg: paged_mqa_logits_bf16(q, kv, w, sl, pt, n, **cfg))
+        try:
+            us = timer(lambda cfg=cfg: paged_mqa_logits_bf16(q, kv, w, sl, pt, n, **cfg))
+        except Exception as exc:
+            res.setdefault("errors", []).append(f"logits {cfg}: {exc!r}"[:500])
+            continue
         res.setdefault("logits_us_by_cfg", {})[str(cfg)] = us
         if best is None or us < best[0]:
             best = (us, cfg)
@@ -120,16 +145,31 @@ def run_case(timer: Timer, copy_gbs: float, bsz: int, n: int) -> dict:
     ref_vals = torch.topk(logits, 512, dim=1).values
     tbest = None
     for tcfg in TOPK_CONFIGS:
-        raw = torch.empty(bsz, 512, dtype=torch.int32, device="cuda")
-        topk_transform_512(logits, sl, pt, out_raw_indices=raw, backend="triton", **tcfg)
-        got = torch.sort(torch.gather(logits, 1, raw.long()), dim=1, descending=True).values
-        ok = bool(torch.equal(got, ref_vals))
-        t = timer(lambda tcfg=tcfg: topk_transform_512(logits, sl, pt, backend="triton", **tcfg))
+        try:
+            raw = torch.empty(bsz, 512, dtype=torch.int32, device="cuda")
+            topk_transform_512(logits, sl, pt, out_raw_indices=raw, backend="triton", **tcfg)
+            got = torch.sort(torch.gather(logits, 1, raw.long()), dim=1, descending=True).values
+            ok = bool(torch.equal(got, ref_vals))
+            t = timer(lambda tcfg=tcfg: topk_transform_512(logits, sl, pt, backend="triton", **tcfg))
+        except Exception as exc:  # a config that fails to build or run is recorded, not fatal
+            res.setdefault("errors", []).append(f"topk {tcfg}: {exc!r}"[:500])
+            continue
         res.setdefault("topk_us_by_cfg", {})[str(tcfg)] = (t, ok)
         if ok and (tbest is None or t < tbest[0]):
             tbest = (t, tcfg)
     res["topk_us"], res["topk_cfg"] = tbest if tbest else (float("nan"), None)
     res["topk_pct_of_logits"] = 100 * res["topk_us"] / us
+    tcfg = tbest[1] if tbest else {}
+    res["topk_graph_us"] = timer.graph(lambda: topk_transform_512(logits, sl, pt, backend="triton", **tcfg))
+    res["logits_graph_us"] = timer.graph(lambda: paged_mqa_logits_bf16(q, kv, w, sl, pt, n, **cfg))
+    res["topk_graph_pct_of_logits_graph"] = 100 * res["topk_graph_us"] / res["logits_graph_us"]
+
+    def both():
+        lg = paged_mqa_logits_bf16(q, kv, w, sl, pt, n, **cfg)
+        return topk_transform_512(lg, sl, pt, backend="triton", **tcfg)
+
+    res["pipeline_us"] = timer(both)
+    res["pipeline_graph_us"] = timer.graph(both)
     res["torch_topk_us"] = timer(lambda: torch.topk(logits, 512, dim=1, sorted=False), reps=10)
     res["torch_topk_transform_us"] = timer(lambda: topk_transform_512(logits, sl, pt, backend="torch"), reps=10)
     return res
@@ -144,24 +184,38 @@ def main(argv=None) -> int:
     timer = Timer()
     copy_gbs = copy_bandwidth(timer)
     props = torch.cuda.get_device_properties(0)
-    print(f"# {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}; "
-          f"device copy {copy_gbs:.0f} GB/s (read+write)", flush=True)  # fmt: skip
+    dummy = torch.empty(1, device="cuda")
+    floor = {"events_us": timer(lambda: _empty_kernel[(1,)](dummy)),
+             "graph_us": timer.graph(lambda: _empty_kernel[(1,)](dummy))}  # fmt: skip
+    print(f"# {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}; "
+          f"device copy {copy_gbs:.0f} GB/s (read+write); empty-kernel floor {floor['events_us']:.1f} us events, "
+          f"{floor['graph_us']:.1f} us graph", flush=True)  # fmt: skip
     rows = []
     hdr = (f"{'B':>3} {'N':>6} {'keyMiB':>7} {'logits_us':>9} {'GB/s':>6} {'%copy':>6} {'extraMiB':>8} "
            f"{'outMiB':>6} {'torch_us':>8} {'speedup':>7} {'top512_us':>9} {'%logits':>7} "
-           f"{'torch.topk_us':>13}")  # fmt: skip
+           f"{'torch.topk_us':>13} {'lg_graph':>8} {'tk_graph':>8} {'%lg_g':>6} {'pipe_us':>7} "
+           f"{'pipe_g':>7}")  # fmt: skip
     print(hdr, flush=True)
     for bsz in args.batch:
         for n in args.n:
-            r = run_case(timer, copy_gbs, bsz, n)
+            try:
+                r = run_case(timer, copy_gbs, bsz, n)
+            except Exception as exc:
+                print(f"{bsz:>3} {n:>6} FAILED: {exc!r}", flush=True)
+                torch.cuda.empty_cache()
+                continue
             rows.append(r)
             torch.cuda.empty_cache()
             print(f"{bsz:>3} {n:>6} {r['key_MiB']:>7.0f} {r['logits_us']:>9.1f} {r['GBps']:>6.0f} "
                   f"{r['pct_copy_bw']:>5.1f}% {r['extra_MiB']:>8.2f} {r['out_MiB']:>6.2f} {r['torch_us']:>8.1f} "
                   f"{r['speedup']:>6.1f}x {r['topk_us']:>9.1f} {r['topk_pct_of_logits']:>6.1f}% "
-                  f"{r['torch_topk_us']:>13.1f}", flush=True)  # fmt: skip
+                  f"{r['torch_topk_us']:>13.1f} {r['logits_graph_us']:>8.1f} {r['topk_graph_us']:>8.1f} "
+                  f"{r['topk_graph_pct_of_logits_graph']:>5.1f}% {r['pipeline_us']:>7.1f} "
+                  f"{r['pipeline_graph_us']:>7.1f}"
+                  f"  lg={r['logits_cfg']} tk={r['topk_cfg']}", flush=True)  # fmt: skip
     if args.json:
-        args.json.write_text(json.dumps({"device": props.name, "copy_GBps": copy_gbs, "rows": rows}, indent=1))
+        doc = {"device": props.name, "copy_GBps": copy_gbs, "floor": floor, "rows": rows}
+        args.json.write_text(json.dumps(doc, indent=1))
     return 0
 
 
