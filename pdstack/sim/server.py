@@ -34,7 +34,7 @@ log = logging.getLogger("pdstack.sim")
 
 DEFAULT_MAX_NEW_TOKENS = 128  # /generate (SGLang's default) and chat without max_tokens (SGLang: up to context)
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's and SGLang's default
-SHUTDOWN_GRACE_S = 1.0
+SHUTDOWN_GRACE_S = 0.5
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -96,11 +96,11 @@ class SimServer:
                  self.cfg.host, self.cfg.port, boot)
 
     async def _serve(self, app: web.Application, port: int) -> None:
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        # In-flight requests (a wedged decode's never end) get SHUTDOWN_GRACE_S on SIGTERM, not aiohttp's 60 s.
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
         self._runners.append(runner)
-        # In-flight requests (a wedged decode's never end) get SHUTDOWN_GRACE_S on SIGTERM, not aiohttp's 60 s.
-        await web.TCPSite(runner, self.cfg.host, port, shutdown_timeout=SHUTDOWN_GRACE_S).start()
+        await web.TCPSite(runner, self.cfg.host, port).start()
 
     async def stop(self) -> None:
         for runner in reversed(self._runners):

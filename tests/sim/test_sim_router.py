@@ -216,3 +216,16 @@ def test_decode_503_with_default_retries_opens_the_circuit_breaker(tmp_path):
               if f.name == "smg_worker_cb_state" for sm in f.samples}
         # both breakers are open (1), the prefill's too although only decode failed
         assert cb == {s.prefill.url: 1, s.decode.url: 1}
+
+
+def test_prefill_that_never_gets_the_request_leaves_decode_to_abort(fresh_pd):
+    """Prefill answers 503 without starting the request: decode waits --bootstrap-timeout-s (1 s) for KV, aborts."""
+    s = fresh_pd
+    s.prefill.fault(reject_status=503)
+    before = scrape(s.decode.url)["sglang:num_transfer_failed_reqs_total"]
+    t0 = time.monotonic()
+    status, raw = post(s.router.url + "/generate", _request("/generate", "hi", False, 3))
+    assert status == 500 and "Decode transfer failed" in raw and "did not arrive" in raw, raw
+    assert time.monotonic() - t0 >= 1.0
+    assert scrape(s.decode.url)["sglang:num_transfer_failed_reqs_total"] - before >= 1
+    assert scrape(s.decode.url)["sglang:generation_tokens_total"] == 0  # no token before a handover
