@@ -229,3 +229,25 @@ def test_prefill_that_never_gets_the_request_leaves_decode_to_abort(fresh_pd):
     assert time.monotonic() - t0 >= 1.0
     assert scrape(s.decode.url)["sglang:num_transfer_failed_reqs_total"] - before >= 1
     assert scrape(s.decode.url)["sglang:generation_tokens_total"] == 0  # no token before a handover
+
+
+def test_info_endpoints_say_test_engine_and_point_at_the_shipped_tokenizer(pd):
+    from pdstack.sim.vocab import TOKENIZER_DIR
+
+    for sim, mode in ((pd.prefill, "prefill"), (pd.decode, "decode")):
+        for path in ("/health", "/health_generate", "/ready"):
+            assert http_get(sim.url + path)[0] == 200
+        for path in ("/server_info", "/get_server_info", "/model_info"):
+            status, raw = http_get(sim.url + path)
+            info = json.loads(raw)
+            assert status == 200 and info["test_engine"] is True and "TEST ENGINE" in info["engine"]
+            assert info["model_path"] == str(TOKENIZER_DIR) and info["disaggregation_mode"] == mode
+        status, raw = http_get(sim.url + "/v1/models")
+        assert status == 200 and json.loads(raw)["data"][0]["id"] == "pdstack-sim"
+        status, raw = http_get(sim.url + "/_sim/fault")
+        assert status == 200 and json.loads(raw)["wedge_decode"] is False
+    status, raw = post(pd.decode.url + "/_sim/fault", {"no_such_fault": True})
+    assert status == 400 and "unknown fault" in raw
+    # a PD server refuses requests that did not come through the router (no bootstrap info)
+    status, raw = post(pd.decode.url + "/generate", {"text": "hi"})
+    assert status == 400 and "bootstrap_room" in raw
