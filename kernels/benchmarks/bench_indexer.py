@@ -27,19 +27,15 @@ from pdstack_kernels import paged_mqa_logits_bf16, topk_transform_512  # noqa: E
 from pdstack_kernels import reference as R  # noqa: E402
 
 H, D, PAGE = 64, 128, 64
-LOGITS_CONFIGS = [dict(num_warps=4, num_stages=3)] + [  # first: pages_per_prog from the wrapper's heuristic
-    dict(num_warps=w, num_stages=st, pages_per_prog=ppp)
-    for ppp in (1, 2, 4, 8, 16)
-    for w, st in ((4, 2), (4, 3), (4, 4), (8, 3))
-]
+LOGITS_CONFIGS = [
+    dict(num_warps=4, num_stages=3),  # pages_per_prog from the wrapper's heuristic (the default call)
+    dict(num_warps=4, num_stages=2),
+] + [dict(num_warps=4, num_stages=3, pages_per_prog=ppp) for ppp in (1, 2, 4, 8, 16)]
 TOPK_CONFIGS = [
-    {},  # split select, wrapper defaults (8-bit radix, block from the grid size)
-    dict(radix_bits=4),
-    dict(block=1024),
+    {},  # wrapper defaults: one-program kernel for W <= 4096, else the split select (8-bit radix, auto block)
+    dict(block=1024),  # split select, fixed segment length
     dict(block=2048),
     dict(block=4096),
-    dict(block=2048, num_warps=8),
-    dict(block=8192, num_warps=16),
     dict(programs_per_row=1),  # the previous one-program-per-row kernel
 ]
 

@@ -91,8 +91,8 @@ def _pages_per_prog(batch: int, max_pages: int, device: torch.device) -> int:
     else:
         sms = 4
     ppp = 1
-    # grow while the grid still has >= 4 programs per SM
-    while ppp < 16 and batch * triton.cdiv(max_pages, ppp * 2) >= 4 * sms:
+    # grow while the grid still has >= 2 programs per SM (the best of 1..16 in every H200 case, BENCHMARKS.md)
+    while ppp < 16 and batch * triton.cdiv(max_pages, ppp * 2) >= 2 * sms:
         ppp *= 2
     return ppp
 

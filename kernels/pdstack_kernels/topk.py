@@ -138,8 +138,8 @@ def _topk_transform_kernel(
 
 
 @triton.jit
-def _radix_state(ws_row, npass, K: tl.constexpr, RADIX_BITS: tl.constexpr):
-    """Replay the first ``npass`` histogram passes of a row: (prefix, shift, k_rem, active).
+def _radix_state(ws_row, NPASS: tl.constexpr, K: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """Replay the first ``NPASS`` histogram passes of a row: (prefix, shift, k_rem, active).
 
     prefix = resolved high ``32 - shift`` bits of the k-th largest key; k_rem = how many keys whose high bits
     equal prefix are still to be taken; active = 0 once that bucket is taken whole (or all bits resolved)."""
@@ -149,7 +149,7 @@ def _radix_state(ws_row, npass, K: tl.constexpr, RADIX_BITS: tl.constexpr):
     shift = tl.full([], 32, tl.int32)
     k_rem = tl.full([], K, tl.int32)
     active = tl.full([], 1, tl.int32)
-    for ps in range(npass):
+    for ps in tl.static_range(NPASS):  # unrolled: every pass's histogram load is issued up front
         hist = tl.load(ws_row + ps * NBINS + bins)
         new_shift = tl.maximum(shift - RADIX_BITS, 0)
         width_bits = shift - new_shift
@@ -175,31 +175,33 @@ def _topk_hist_kernel(
     stride_lb,
     stride_ws,
     width,
-    npass,
+    PASS: tl.constexpr,
     K: tl.constexpr,
     RADIX_BITS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Pass ``npass`` of the split radix select: this segment's histogram of the next digit, merged by atomics."""
+    """Pass ``PASS`` of the split radix select: this segment's histogram of the next digit, merged by atomics."""
     NBINS: tl.constexpr = 1 << RADIX_BITS
     s = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), width)
     start = s * BLOCK
+    i = start + tl.arange(0, BLOCK)
+    # issued before seq_len arrives (masked by the width only; positions >= seq_len are masked below)
+    x = tl.load(logits_ptr + b * stride_lb + i, mask=i < width, other=0.0)
     if (n > K) & (start < n):
         ws_row = ws_ptr + b * stride_ws
-        prefix, shift, k_rem, active = _radix_state(ws_row, npass, K, RADIX_BITS)
+        prefix, shift, k_rem, active = _radix_state(ws_row, PASS, K, RADIX_BITS)
         if active != 0:
-            i = start + tl.arange(0, BLOCK)
             m = i < n
-            key = _ordered_key(tl.load(logits_ptr + b * stride_lb + i, mask=m, other=0.0))
-            # pass 0 has shift 32 (no prefix yet): the comparison is skipped there
-            m = m & ((npass == 0) | ((key >> shift.to(tl.uint32)) == prefix))
+            key = _ordered_key(x)
+            if PASS > 0:  # pass 0 has no prefix yet
+                m = m & ((key >> shift.to(tl.uint32)) == prefix)
             new_shift = tl.maximum(shift - RADIX_BITS, 0)
             digit_mask = ((1 << (shift - new_shift)) - 1).to(tl.uint32)
             digit = ((key >> new_shift.to(tl.uint32)) & digit_mask).to(tl.int32)
             hist = tl.histogram(digit, NBINS, mask=m)
-            tl.atomic_add(ws_row + npass * NBINS + tl.arange(0, NBINS), hist, mask=hist > 0, sem="relaxed")
+            tl.atomic_add(ws_row + PASS * NBINS + tl.arange(0, NBINS), hist, mask=hist > 0, sem="relaxed")
 
 
 @triton.jit
@@ -214,7 +216,7 @@ def _topk_write_kernel(
     stride_ptb,
     stride_ws,
     width,
-    npass,
+    NPASS: tl.constexpr,
     K: tl.constexpr,
     RADIX_BITS: tl.constexpr,
     PAGE_BITS: tl.constexpr,
@@ -243,18 +245,19 @@ def _topk_write_kernel(
                     tl.store(raw_row + i, tl.where(keep, i, -1), mask=i < K)
     else:
         start = s * BLOCK
+        i = start + offs
+        x = tl.load(logits_ptr + b * stride_lb + i, mask=i < width, other=0.0)
         if start < n:
             ws_row = ws_ptr + b * stride_ws
-            prefix, shift, k_rem, active = _radix_state(ws_row, npass, K, RADIX_BITS)
-            i = start + offs
+            prefix, shift, k_rem, active = _radix_state(ws_row, NPASS, K, RADIX_BITS)
             m = i < n
-            key = _ordered_key(tl.load(logits_ptr + b * stride_lb + i, mask=m, other=0.0))
+            key = _ordered_key(x)
             hi = key >> shift.to(tl.uint32)  # shift < 32 after pass 0
             gt = m & (hi > prefix)
             eq = m & (hi == prefix)
             gt_i = gt.to(tl.int32)
             eq_i = eq.to(tl.int32)
-            cnt = ws_row + npass * NBINS
+            cnt = ws_row + NPASS * NBINS
             base_gt = tl.atomic_add(cnt, tl.sum(gt_i, 0), sem="relaxed")
             base_eq = tl.atomic_add(cnt + 1, tl.sum(eq_i, 0), sem="relaxed")
             rank_eq = base_eq + tl.cumsum(eq_i, 0) - 1
@@ -299,10 +302,11 @@ def topk_transform_512(
     page_table [B, P] int32. ``out_page_indices`` / ``out_raw_indices`` ([B, topk] int32, contiguous) are
     written in place when given (upstream's calling convention). backend: "triton" (GPU; CPU under
     TRITON_INTERPRET=1), "torch" (torch.topk fallback), or "auto" (triton on CUDA, torch otherwise).
-    Triton paths (kernels/BENCHMARKS.md): by default the split select (``block``-element segments, one program
-    each; ``block`` from the grid size unless given, or ``cdiv(W, programs_per_row)`` rounded up to a power of
-    two; ``radix_bits`` 8); ``programs_per_row=1`` runs the one-program-per-row kernel (defaults: 4-bit radix,
-    4096-element chunks, 16 warps; ``onehot`` counts by compare-and-sum there instead of tl.histogram).
+    Triton paths (kernels/BENCHMARKS.md): for W > 4096, or when ``block`` or ``programs_per_row`` > 1 is given,
+    the split select (``block``-element segments, one program each; ``block`` from the grid size unless given,
+    or ``cdiv(W, programs_per_row)`` rounded up to a power of two; ``radix_bits`` 8). For W <= 4096, or
+    ``programs_per_row=1``, the one-program-per-row kernel (one launch; defaults: 4-bit radix, 4096-element
+    chunks, 16 warps; ``onehot`` counts by compare-and-sum there instead of tl.histogram).
     """
     check_tensor("logits", logits, dtype=torch.float32, ndim=2, last_dim_contiguous=True)
     bsz, width = logits.shape
@@ -340,7 +344,9 @@ def topk_transform_512(
             raise KernelArgError(f"block must be a power of two >= 16, got {block}")
         raw_arg = out_raw_indices if out_raw_indices is not None else out_page_indices
         page_bits = page_size.bit_length() - 1
-        if programs_per_row == 1 or onehot:
+        # rows of <= 4096 (and no split asked for): one launch beats the split's 1 + 32/radix_bits launches
+        single = programs_per_row == 1 or onehot or (programs_per_row is None and block is None and width <= 4096)
+        if single:
             _topk_transform_kernel[(bsz,)](
                 logits, seq_lens, page_table, out_page_indices, raw_arg,
                 logits.stride(0), page_table.stride(0), width,
@@ -373,13 +379,14 @@ def _topk_split(logits, seq_lens, page_table, out, raw, has_raw, page_bits, topk
     grid = (max(1, triton.cdiv(width, block)), bsz)
     for ps in range(npass):
         _topk_hist_kernel[grid](
-            logits, seq_lens, ws, logits.stride(0), ws.stride(0), width, ps,
-            K=topk, RADIX_BITS=radix_bits, BLOCK=block, num_warps=num_warps,
+            logits, seq_lens, ws, logits.stride(0), ws.stride(0), width,
+            PASS=ps, K=topk, RADIX_BITS=radix_bits, BLOCK=block, num_warps=num_warps,
         )  # fmt: skip
     _topk_write_kernel[grid](
         logits, seq_lens, page_table, out, raw, ws,
-        logits.stride(0), page_table.stride(0), ws.stride(0), width, npass,
-        K=topk, RADIX_BITS=radix_bits, PAGE_BITS=page_bits, BLOCK=block, HAS_RAW=has_raw, num_warps=num_warps,
+        logits.stride(0), page_table.stride(0), ws.stride(0), width,
+        NPASS=npass, K=topk, RADIX_BITS=radix_bits, PAGE_BITS=page_bits, BLOCK=block, HAS_RAW=has_raw,
+        num_warps=num_warps,
     )  # fmt: skip
 
 

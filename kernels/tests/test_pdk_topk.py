@@ -57,7 +57,8 @@ CPU_CASES = [
 # Triton paths: the split select (default; small blocks so rows span many programs on CPU) and the
 # one-program-per-row kernel
 PATHS = {
-    "split": {},
+    "auto": {},  # W <= 4096 here: the one-program kernel
+    "split": dict(programs_per_row=3),
     "split-b128": dict(block=128),
     "split-ppr7": dict(programs_per_row=7),
     "single": dict(programs_per_row=1),
@@ -106,6 +107,13 @@ def test_topk_just_above_k(path, device):
     """seq_len = 513, 514, 520 in a wide row (the NaN tail past seq_len must not be read) and 512 exactly."""
     logits, sl, pt = _case([513, 514, 520, 512, 3000], 3000, device)
     _check(logits, sl, pt, "triton", **PATHS[path])
+
+
+def test_topk_wide_rows_default_to_split(device):
+    """W > 4096 with no options: the split select with the wrapper's block (ragged rows, a tie-heavy row)."""
+    logits, sl, pt = _case([5000, 4100, 513, 0], 5000, device)
+    logits[1, :4100] = torch.randint(-2, 3, (4100,), device=device).float()
+    _check(logits, sl, pt, "triton")
 
 
 @pytest.mark.parametrize("path", ["split-b128", "single"])
