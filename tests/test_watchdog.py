@@ -1,0 +1,186 @@
+"""The watchdog's decisions with a fake clock, fake probe, fake /health and fake service control (no processes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdstack import probe as P
+from pdstack import watchdog as W
+
+
+class FakeClock:
+    def __init__(self, t: float = 1_000_000.0):
+        self.t = t
+
+    def time(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+class World:
+    """The deployment as the watchdog sees it: a probe outcome, /health codes, and units it may restart."""
+
+    def __init__(self, clock: FakeClock):
+        self.clock = clock
+        self.wedged = False  # decode wedge: probe fails at stage decode until decode restarts
+        self.permanent = False  # a fault no restart fixes
+        self.health_codes: dict[str, int | None] = {}
+        self.restarts: list[tuple[float, str]] = []
+        self.probes = 0
+        self.ready_after_s = 0.0
+        self.restarted_at: dict[str, float] = {}
+
+    def probe(self) -> P.ProbeResult:
+        self.probes += 1
+        if self.wedged or self.permanent:
+            return P.ProbeResult(code=P.DECODE, stage="decode", message="no first token while decode runs it")
+        return P.ProbeResult(code=P.OK, stage="ok", message="fine", ttft_s=0.01, tokens=16)
+
+    def health(self, url: str) -> int | None:
+        for unit, t in self.restarted_at.items():
+            if unit.split("-")[-1].split(".")[0] in url and self.clock.time() - t < self.ready_after_s:
+                return 503  # starting
+        for key, code in self.health_codes.items():
+            if key in url:
+                return code
+        return 200
+
+    def restart(self, unit: str) -> tuple[bool, str]:
+        self.restarts.append((self.clock.time(), unit))
+        self.restarted_at[unit] = self.clock.time()
+        if "decode" in unit:
+            self.wedged = False
+        return True, ""
+
+
+CFG = {
+    "router_url": "http://router:8000",
+    "servers": [
+        {"name": "prefill-0", "role": "prefill", "url": "http://h:30000", "unit": "pdstack-server-prefill-0.service"},
+        {"name": "decode-0", "role": "decode", "url": "http://h:30001", "unit": "pdstack-server-decode-0.service"},
+    ],
+    "failures_before_restart": 3, "max_restarts_per_hour": 3, "ready_timeout_s": 60, "ready_poll_s": 1,
+    "state_file": "", "textfile": "",
+}
+
+
+def make(tmp_path, **over):
+    cfg = W.Config.from_dict({**CFG, "state_file": str(tmp_path / "state.json"),
+                              "textfile": str(tmp_path / "wd.prom"), **over})
+    clock = FakeClock()
+    world = World(clock)
+    return cfg, clock, world
+
+
+def step(cfg, clock, world) -> int:
+    return W.run_once(cfg, probe=world.probe, health=world.health, services=world, clock=clock)
+
+
+def test_healthy_does_nothing(tmp_path):
+    cfg, clock, world = make(tmp_path)
+    for _ in range(5):
+        assert step(cfg, clock, world) == W.EXIT_OK
+        clock.t += 60
+    assert world.restarts == []
+    prom = (tmp_path / "wd.prom").read_text()
+    assert "pdstack_watchdog_probe_ok 1" in prom and "pdstack_watchdog_alert 0" in prom
+
+
+def test_wedge_restarts_decode_after_k_failures_then_recovers(tmp_path):
+    cfg, clock, world = make(tmp_path)
+    world.wedged = True
+    world.ready_after_s = 5  # decode answers 503 for 5 s after its restart
+    assert step(cfg, clock, world) == W.EXIT_FAILING
+    clock.t += 60
+    assert step(cfg, clock, world) == W.EXIT_FAILING
+    clock.t += 60
+    assert world.restarts == []
+    assert step(cfg, clock, world) == W.EXIT_RECOVERED  # the K-th failure: restart decode, wait, probe passes
+    assert [u for _, u in world.restarts] == ["pdstack-server-decode-0.service"]  # prefill untouched
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["consecutive_failures"] == 0 and state["restarts_total"] == {"pdstack-server-decode-0.service": 1}
+    assert clock.t - world.restarts[0][0] >= 5  # it waited for readiness before probing
+    prom = (tmp_path / "wd.prom").read_text()
+    assert 'pdstack_watchdog_restarts_total{unit="pdstack-server-decode-0.service"} 1' in prom
+    assert "pdstack_watchdog_restarts_last_hour 1" in prom
+
+
+def test_decode_then_prefill_when_decode_restart_is_not_enough(tmp_path):
+    cfg, clock, world = make(tmp_path, failures_before_restart=1, max_restarts_per_hour=10)
+    world.permanent = True
+    assert step(cfg, clock, world) == W.EXIT_RESTARTED
+    assert [u for _, u in world.restarts] == ["pdstack-server-decode-0.service", "pdstack-server-prefill-0.service"]
+
+
+def test_no_restart_while_health_is_not_200(tmp_path):
+    cfg, clock, world = make(tmp_path, failures_before_restart=1)
+    world.wedged = True
+    world.health_codes["30001"] = 503  # decode starting/down: systemd's business
+    for _ in range(5):
+        assert step(cfg, clock, world) == W.EXIT_FAILING
+        clock.t += 60
+    assert world.restarts == []
+
+
+@pytest.mark.parametrize("code", [P.ROUTER_DOWN, P.ADMISSION])
+def test_router_down_and_admission_never_restart(tmp_path, code):
+    cfg, clock, world = make(tmp_path, failures_before_restart=1)
+    world.probe = lambda: P.ProbeResult(code=code, stage=P.STAGES[code], message="x")
+    for _ in range(5):
+        assert step(cfg, clock, world) == W.EXIT_FAILING
+        clock.t += 60
+    assert world.restarts == []
+    assert json.loads((tmp_path / "state.json").read_text())["consecutive_failures"] == 0
+
+
+def test_permanent_fault_is_no_restart_storm(tmp_path):
+    """A fault no restart fixes, the timer firing every minute for 3 hours: R restarts, then an alert, then none."""
+    cfg, clock, world = make(tmp_path)
+    world.permanent = True
+    codes = []
+    for _ in range(180):
+        codes.append(step(cfg, clock, world))
+        clock.t += 60
+    assert len(world.restarts) == cfg.max_restarts_per_hour == 3
+    assert codes[-1] == W.EXIT_ALERT
+    prom = (tmp_path / "wd.prom").read_text()
+    assert "pdstack_watchdog_alert 1" in prom and "pdstack_watchdog_probe_ok 0" in prom
+    # once a probe passes, the alert clears and the watchdog is armed again
+    world.permanent = False
+    assert step(cfg, clock, world) == W.EXIT_OK
+    assert "pdstack_watchdog_alert 0" in (tmp_path / "wd.prom").read_text()
+
+
+def test_restart_budget_is_per_hour(tmp_path):
+    cfg, clock, world = make(tmp_path, failures_before_restart=1, max_restarts_per_hour=2)
+    prefill_less = {**CFG, "servers": [CFG["servers"][1]]}
+    cfg = W.Config.from_dict({**prefill_less, "failures_before_restart": 1, "max_restarts_per_hour": 2,
+                              "state_file": str(tmp_path / "s.json"), "textfile": ""})
+    for _ in range(2):  # two wedges, each fixed by one restart
+        world.wedged = True
+        assert step(cfg, clock, world) == W.EXIT_RECOVERED
+        clock.t += 600
+    world.wedged = True
+    assert step(cfg, clock, world) == W.EXIT_ALERT  # a third within the hour: alert, no restart
+    assert len(world.restarts) == 2
+    world.wedged = False
+    assert step(cfg, clock, world) == W.EXIT_OK
+    clock.t += 3600
+    world.wedged = True
+    assert step(cfg, clock, world) == W.EXIT_RECOVERED  # an hour later the budget is back
+    assert len(world.restarts) == 3
+
+
+def test_reset_and_bad_config(tmp_path, caplog):
+    cfg_file = tmp_path / "wd.json"
+    cfg_file.write_text(json.dumps({**CFG, "state_file": str(tmp_path / "s.json"), "textfile": ""}))
+    (tmp_path / "s.json").write_text(json.dumps({"alert": True, "consecutive_failures": 9}))
+    assert W.main(["--config", str(cfg_file), "--reset"]) == 0
+    assert json.loads((tmp_path / "s.json").read_text())["alert"] is False
+    cfg_file.write_text(json.dumps({**CFG, "failures_before_restrat": 2}))
+    assert W.main(["--config", str(cfg_file)]) == W.EXIT_CONFIG
+    assert "failures_before_restrat" in caplog.text
