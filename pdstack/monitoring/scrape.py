@@ -1,0 +1,111 @@
+"""Prometheus configuration and node_exporter textfile metrics, generated from the plan (plan.json as a dict)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Ports of the exporters on every host (Debian's prometheus-node-exporter default; dcgm-exporter's default).
+NODE_EXPORTER_PORT = 9100
+DCGM_EXPORTER_PORT = 9400
+RULES_GLOB = "/etc/prometheus/rules/*.yml"
+
+
+def plan_hosts(plan: dict[str, Any], extra: dict[str, str] | None = None) -> dict[str, str]:
+    """{inventory host: address} of every host the plan touches (servers, router, monitoring), plus `extra`
+    (the role passes every inventory host with its pdstack_address)."""
+    hosts: dict[str, str] = {}
+    for s in plan["servers"]:
+        hosts.setdefault(s["host"], s["address"])
+    hosts.setdefault(plan["router"]["host"], plan["router"]["address"])
+    for h in plan.get("monitoring_hosts", []):
+        hosts.setdefault(h, h)
+    hosts.update(extra or {})
+    return dict(sorted(hosts.items()))
+
+
+def gpu_hosts(plan: dict[str, Any]) -> list[str]:
+    """Hosts with GPU servers. None with the sim test engine (CPU test hosts have no GPU, so no dcgm-exporter)."""
+    if plan["engine"] != "sglang":
+        return []
+    return sorted({s["host"] for s in plan["servers"]})
+
+
+def prometheus_config(plan: dict[str, Any], *, hosts: dict[str, str] | None = None, scrape_interval: str = "15s",
+                      evaluation_interval: str = "15s", node_exporter_port: int = NODE_EXPORTER_PORT,
+                      dcgm_port: int = DCGM_EXPORTER_PORT, gpu: bool | None = None, rule_files: list[str] | None = None,
+                      prometheus_target: str = "127.0.0.1:9090", extra_jobs: list[dict] | None = None) -> dict:
+    """prometheus.yml as a dict. Every target carries `host` (inventory name); SGLang servers also `server`,
+    `role` (prefill/decode) and `numa_node`. gpu=None: dcgm job only for the sglang engine."""
+    addrs = plan_hosts(plan, hosts)
+    servers = [{"targets": [f"{s['address']}:{s['ports']['metrics']}"],
+                "labels": {"host": s["host"], "server": s["name"], "role": s["role"],
+                           "numa_node": str(s["numa_node"])}} for s in plan["servers"]]
+    r = plan["router"]
+    jobs: list[dict] = [
+        {"job_name": "prometheus", "static_configs": [{"targets": [prometheus_target]}]},
+        {"job_name": "sglang", "metrics_path": "/metrics", "static_configs": servers},
+        {"job_name": "sglang-router", "metrics_path": "/metrics",
+         "static_configs": [{"targets": [f"{r['address']}:{r['prometheus_port']}"], "labels": {"host": r["host"]}}]},
+        {"job_name": "node", "static_configs": [{"targets": [f"{a}:{node_exporter_port}"], "labels": {"host": h}}
+                                                for h, a in addrs.items()]},
+    ]
+    gh = gpu_hosts(plan) if gpu is None else (sorted({s["host"] for s in plan["servers"]}) if gpu else [])
+    if gh:
+        jobs.append({"job_name": "dcgm", "static_configs": [{"targets": [f"{addrs[h]}:{dcgm_port}"],
+                                                             "labels": {"host": h}} for h in gh]})
+    jobs += extra_jobs or []
+    return {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval,
+                   "external_labels": {"pdstack_inventory": str(plan["inventory"])}},
+        "rule_files": list(rule_files if rule_files is not None else [RULES_GLOB]),
+        "scrape_configs": jobs,
+    }
+
+
+def _cpu_list(spec: str) -> list[int]:
+    out: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def textfile_metrics(plan: dict[str, Any], host: str, facts: dict[str, Any] | None) -> str:
+    """pdstack's own metrics for node_exporter's textfile collector on `host` (pdstack.prom): which CPU belongs to
+    which NUMA node (to aggregate node_cpu_seconds_total per NUMA node), each server's NUMA node and HiCache host
+    budget, and on the router host the router's admission limits (for the queue-near-full alert)."""
+    lines = []
+    if facts:
+        lines += ["# HELP pdstack_numa_node_cpu 1 for each CPU of each NUMA node (from the host's facts).",
+                  "# TYPE pdstack_numa_node_cpu gauge"]
+        for n in facts["numa_nodes"]:
+            lines += [f'pdstack_numa_node_cpu{{numa_node="{n["id"]}",cpu="{c}"}} 1' for c in _cpu_list(n["cpus"])]
+    servers = [s for s in plan["servers"] if s["host"] == host]
+    if servers:
+        lines += ["# HELP pdstack_server_info A pdstack server on this host, its role and NUMA node.",
+                  "# TYPE pdstack_server_info gauge"]
+        lines += [f'pdstack_server_info{{server="{s["name"]}",role="{s["role"]}",numa_node="{s["numa_node"]}",'
+                  f'gpus="{",".join(map(str, s["gpus"]))}"}} 1' for s in servers]
+        lines += ["# HELP pdstack_hicache_host_budget_bytes HiCache host memory budget of a server (0: HiCache off).",
+                  "# TYPE pdstack_hicache_host_budget_bytes gauge"]
+        for s in servers:
+            gb = s["hicache"]["host_budget_gb"] if s["hicache"]["enabled"] else 0
+            lines.append(f'pdstack_hicache_host_budget_bytes{{server="{s["name"]}",numa_node="{s["numa_node"]}"}} '
+                         f"{int(gb * 2**30)}")
+    r = plan["router"]
+    if r["host"] == host:
+        mcr, qs = _flag(r["flags"], "--max-concurrent-requests"), _flag(r["flags"], "--queue-size")
+        lines += ["# HELP pdstack_router_max_concurrent_requests The router's --max-concurrent-requests (-1: none).",
+                  "# TYPE pdstack_router_max_concurrent_requests gauge",
+                  f"pdstack_router_max_concurrent_requests {mcr if mcr is not None else -1}",
+                  "# HELP pdstack_router_queue_size The router's --queue-size (admission queue length).",
+                  "# TYPE pdstack_router_queue_size gauge",
+                  f"pdstack_router_queue_size {qs if qs is not None else 100}"]
+    return "\n".join(lines) + "\n"
