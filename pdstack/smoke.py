@@ -1,0 +1,102 @@
+"""`pdstack smoke`: the deploy gate. Probe, recall and bench against the router, every result kept in one directory:
+
+    OUT/probe.json  OUT/recall.json  OUT/recall.png (the heatmap)  OUT/bench.json  OUT/summary.json  OUT/summary.txt
+
+The gate fails (exit 1) when the probe fails, the recall horizon is under --min-horizon, or C=1 decode tokens/s is
+below baseline x (1 - tolerance) (or bench requests fail). The smoke role (roles/smoke) runs this on the control node
+after every deploy, with OUT = build/smoke/<inventory>/<timestamp>, and fails the play with the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pdstack import bench, probe, recall
+
+
+def run_smoke(url: str, out: Path, *, lengths: list[int], depths: list[float], tokenizer: str, variants: list[str],
+              needles: int, concurrency: int, min_horizon: int, baseline_tps: float | None, tolerance: float,
+              bench_concurrency: list[int], bench_requests: int, bench_tokens: int, timeout: float,
+              probe_first_token_timeout: float, probe_stall_timeout: float) -> tuple[bool, dict, str]:
+    out.mkdir(parents=True, exist_ok=True)
+    lines, gates = [], {}
+
+    pr = probe.probe(url, first_token_timeout=probe_first_token_timeout, stall_timeout=probe_stall_timeout,
+                     total_timeout=max(timeout, probe_first_token_timeout + probe_stall_timeout))
+    (out / "probe.json").write_text(json.dumps(pr.to_dict(), indent=1) + "\n")
+    gates["probe"] = {"passed": pr.ok, "stage": pr.stage, "exit_code": pr.code, "message": pr.message}
+    lines.append(f"probe   {'PASS' if pr.ok else 'FAIL'}  [{pr.stage}] {pr.message}")
+
+    rr = recall.run_recall(url, lengths=lengths, depths=depths, tokenizer=tokenizer, variants=variants,
+                           needles=needles, concurrency=concurrency, timeout=timeout, min_horizon=min_horizon,
+                           progress=recall.print_progress())
+    (out / "recall.json").write_text(json.dumps(rr.to_dict(), indent=1) + "\n")
+    png = recall.heatmap(rr, out / "recall.png")
+    counts = rr.counts()
+    gates["recall"] = {"passed": rr.passed, "horizon": rr.horizon(), "min_horizon": min_horizon, "counts": counts,
+                       "heatmap": str(png)}
+    lines.append(f"recall  {'PASS' if rr.passed else 'FAIL'}  horizon {rr.horizon()} tokens (min {min_horizon}; "
+                 f"grid {recall._k(min(lengths))}..{recall._k(max(lengths))} x {len(depths)} depths); "
+                 + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+
+    br = bench.run_bench(url, concurrency=bench_concurrency, requests=bench_requests, max_new_tokens=bench_tokens,
+                         timeout=timeout, baseline_tps=baseline_tps, tolerance=tolerance,
+                         progress=lambda m: print(m, file=sys.stderr, flush=True))
+    (out / "bench.json").write_text(json.dumps(br.to_dict(), indent=1) + "\n")
+    c1 = br.c1
+    gates["bench"] = {"passed": br.passed, "c1_decode_tps": c1.decode_tps_per_request, "baseline_tps": baseline_tps,
+                      "floor_tps": br.floor_tps, "ttft_p50_s": c1.ttft_s["p50"], "itl_p50_s": c1.itl_s["p50"]}
+    tps = "-" if c1.decode_tps_per_request is None else f"{c1.decode_tps_per_request:.1f}"
+    ttft = "-" if c1.ttft_s["p50"] is None else f"{c1.ttft_s['p50'] * 1000:.0f} ms"
+    base = f" vs baseline {baseline_tps:g} (floor {br.floor_tps:.1f})" if baseline_tps else ""
+    lines.append(f"bench   {'PASS' if br.passed else 'FAIL'}  C=1 decode {tps} tok/s{base}, TTFT p50 {ttft}"
+                 + ("; requests failed: " + "; ".join(e for lv in br.levels for e in lv.errors) if br.failed else ""))
+
+    passed = all(g["passed"] for g in gates.values())
+    failed = [k for k, g in gates.items() if not g["passed"]]
+    head = f"pdstack smoke {url}: " + ("PASS" if passed else f"FAIL ({', '.join(failed)})")
+    text = "\n".join([head, *("  " + line for line in lines), f"  heatmap: {png}", f"  results: {out}"])
+    summary = {"url": url, "passed": passed, "failed": failed, "gates": gates, "dir": str(out), "heatmap": str(png)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "summary.txt").write_text(text + "\n")
+    return passed, summary, text
+
+
+def register(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", required=True, help="router URL")
+    p.add_argument("--out", required=True, help="directory for probe/recall/bench JSON, the heatmap and the summary")
+    p.add_argument("--lengths", type=recall._int_list, default=recall.DEFAULT_LENGTHS, help="recall lengths")
+    p.add_argument("--depths", type=recall._depth_list, default=recall.DEFAULT_DEPTHS, help="recall depths, %%")
+    p.add_argument("--tokenizer", default=str(recall.SIM_TOKENIZER), help="directory with the model's tokenizer.json")
+    p.add_argument("--variant", choices=("single", "multi", "both"), default="both")
+    p.add_argument("--needles", type=int, default=3, help="needles per prompt, multi variant")
+    p.add_argument("--concurrency", type=int, default=4, help="recall requests in flight (within router admission)")
+    p.add_argument("--min-horizon", type=int, default=0, help="recall gate, tokens")
+    p.add_argument("--baseline", type=float, default=None, help="C=1 decode tokens/s baseline")
+    p.add_argument("--tolerance", type=float, default=0.2, help="allowed shortfall below the baseline (fraction)")
+    p.add_argument("--bench-concurrency", type=bench._ints, default=[1, 2, 4])
+    p.add_argument("--bench-requests", type=int, default=3)
+    p.add_argument("--bench-tokens", type=int, default=128)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
+    p.add_argument("--probe-first-token-timeout", type=float, default=60.0)
+    p.add_argument("--probe-stall-timeout", type=float, default=15.0)
+    p.epilog = "exit codes: 0 every gate passed, 1 a gate failed (summary says which), 2 usage"
+
+
+def run(args: argparse.Namespace) -> int:
+    variants = ["single", "multi"] if args.variant == "both" else [args.variant]
+    try:
+        passed, _, text = run_smoke(
+            args.url, Path(args.out), lengths=args.lengths, depths=args.depths, tokenizer=args.tokenizer,
+            variants=variants, needles=args.needles, concurrency=args.concurrency, min_horizon=args.min_horizon,
+            baseline_tps=args.baseline, tolerance=args.tolerance, bench_concurrency=args.bench_concurrency,
+            bench_requests=args.bench_requests, bench_tokens=args.bench_tokens, timeout=args.timeout,
+            probe_first_token_timeout=args.probe_first_token_timeout, probe_stall_timeout=args.probe_stall_timeout)
+    except (FileNotFoundError, ImportError) as e:
+        print(f"pdstack smoke: {e}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0 if passed else 1
