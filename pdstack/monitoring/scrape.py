@@ -15,11 +15,11 @@ def plan_hosts(plan: dict[str, Any], extra: dict[str, str] | None = None) -> dic
     (the role passes every inventory host with its pdstack_address)."""
     hosts: dict[str, str] = {}
     for s in plan["servers"]:
-        hosts.setdefault(s["host"], s["address"])
-    hosts.setdefault(plan["router"]["host"], plan["router"]["address"])
+        hosts.setdefault(str(s["host"]), str(s["address"]))
+    hosts.setdefault(str(plan["router"]["host"]), str(plan["router"]["address"]))
     for h in plan.get("monitoring_hosts", []):
-        hosts.setdefault(h, h)
-    hosts.update(extra or {})
+        hosts.setdefault(str(h), str(h))
+    hosts.update({str(k): str(v) for k, v in (extra or {}).items()})
     return dict(sorted(hosts.items()))
 
 
@@ -27,7 +27,7 @@ def gpu_hosts(plan: dict[str, Any]) -> list[str]:
     """Hosts with GPU servers. None with the sim test engine (CPU test hosts have no GPU, so no dcgm-exporter)."""
     if plan["engine"] != "sglang":
         return []
-    return sorted({s["host"] for s in plan["servers"]})
+    return sorted({str(s["host"]) for s in plan["servers"]})
 
 
 def prometheus_config(plan: dict[str, Any], *, hosts: dict[str, str] | None = None, scrape_interval: str = "15s",
@@ -38,18 +38,18 @@ def prometheus_config(plan: dict[str, Any], *, hosts: dict[str, str] | None = No
     `role` (prefill/decode) and `numa_node`. gpu=None: dcgm job only for the sglang engine."""
     addrs = plan_hosts(plan, hosts)
     servers = [{"targets": [f"{s['address']}:{s['ports']['metrics']}"],
-                "labels": {"host": s["host"], "server": s["name"], "role": s["role"],
+                "labels": {"host": str(s["host"]), "server": str(s["name"]), "role": str(s["role"]),
                            "numa_node": str(s["numa_node"])}} for s in plan["servers"]]
     r = plan["router"]
     jobs: list[dict] = [
         {"job_name": "prometheus", "static_configs": [{"targets": [prometheus_target]}]},
         {"job_name": "sglang", "metrics_path": "/metrics", "static_configs": servers},
         {"job_name": "sglang-router", "metrics_path": "/metrics",
-         "static_configs": [{"targets": [f"{r['address']}:{r['prometheus_port']}"], "labels": {"host": r["host"]}}]},
+         "static_configs": [{"targets": [f"{r['address']}:{r['prometheus_port']}"], "labels": {"host": str(r["host"])}}]},
         {"job_name": "node", "static_configs": [{"targets": [f"{a}:{node_exporter_port}"], "labels": {"host": h}}
                                                 for h, a in addrs.items()]},
     ]
-    gh = gpu_hosts(plan) if gpu is None else (sorted({s["host"] for s in plan["servers"]}) if gpu else [])
+    gh = gpu_hosts(plan) if gpu is None else (sorted({str(s["host"]) for s in plan["servers"]}) if gpu else [])
     if gh:
         jobs.append({"job_name": "dcgm", "static_configs": [{"targets": [f"{addrs[h]}:{dcgm_port}"],
                                                              "labels": {"host": h}} for h in gh]})
