@@ -134,10 +134,40 @@ def demo(c: Context, count: int = 1) -> None:
           "(docker exec pdstack-local-1 cat /etc/pdstack/plan.json). Remove the host: invoke testhost.down")
 
 
+@task(help={"flavor": "prod (SGLang + our kernels and patches) or sim (the test engine + sglang-router)",
+            "base": "base image: offline | local | a reference present here (default: images/bases.yaml)",
+            "save": "also write the image as a tarball (.tar or .tar.gz) plus PATH.sha256, for the playbooks",
+            "push": "also push to this registry (REGISTRY/pdstack/<flavor>:<tag>)"})
+def build_image(c: Context, flavor: str = "prod", base: str = "", save: str = "", push: str = "") -> None:
+    """Build the serving (prod) or test-engine (sim) image; a no-op when an image of the same inputs exists."""
+    from pdstack import build as b
+    from pdstack.errors import PdstackError
+    try:
+        m = b.build(flavor=flavor, base=base or None, save=save or None, push=push or None)
+    except PdstackError as e:
+        raise Exit(f"invoke build: {e}", 1) from e
+    print(b.format_manifest(m))
+
+
+@task
+def build_base_offline(c: Context) -> None:
+    """Build CI's offline stand-in for the SGLang CUDA base (debootstrap, CPU torch, sglang --no-deps, PyPI nvcc)."""
+    from pdstack import build as b
+    from pdstack.errors import PdstackError
+    try:
+        print(b.ensure_offline_base())
+    except PdstackError as e:
+        raise Exit(f"invoke build.base-offline: {e}", 1) from e
+
+
+build = Collection("build")
+build.add_task(build_image, name="image", default=True)
+build.add_task(build_base_offline, name="base-offline")
+
 testhost = Collection("testhost")
 testhost.add_task(testhost_up, name="up")
 testhost.add_task(testhost_down, name="down")
 testhost.add_task(testhost_status, name="status")
 
-ns = Collection(lint, test, plan, deploy, kernels, demo, testhost)
+ns = Collection(lint, test, plan, deploy, kernels, demo, testhost, build)
 ns.configure({"run": {"echo": True}})
