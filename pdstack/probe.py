@@ -156,7 +156,7 @@ def probe(url: str, *, first_token_timeout: float = 60.0, stall_timeout: float =
             for line in resp:
                 events.put(("line", line))
             events.put(("eof", None))
-        except (OSError, http.client.HTTPException, ValueError) as e:
+        except Exception as e:  # also the races of a connection closed under it after a deadline
             events.put(("error", e))
 
     start = time.monotonic()

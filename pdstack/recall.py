@@ -358,8 +358,9 @@ def heatmap(report: RecallReport, path: str | Path) -> Path:
     return p
 
 
-def print_progress(stream=sys.stderr):
+def print_progress(stream=None):
     """A progress line with an ETA: redrawn in place on a terminal, every ~10 % otherwise (logs, Ansible)."""
+    stream = stream or sys.stderr
     tty = hasattr(stream, "isatty") and stream.isatty()
     last = [-1]
 

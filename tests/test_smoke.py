@@ -1,0 +1,61 @@
+"""The smoke gate end to end: `pdstack smoke` against sim prefill + decode behind the real sglang-router (127.0.0.1)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "sim"))
+from sim_helpers import start_pd  # noqa: E402
+
+from pdstack import cli  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+GRID = ["--lengths", "1K,2K,4K,8K", "--depths", "0,50,100"]
+DECODE_200 = ["--decode-tokens-per-s", "200"]  # so C=1 decode speed is measurable against a baseline
+
+
+def smoke(url: str, out: Path, min_horizon: int, baseline: float = 200) -> int:
+    return cli.main(["smoke", "--url", url, "--out", str(out), *GRID, "--min-horizon", str(min_horizon),
+                     "--baseline", str(baseline), "--tolerance", "0.5", "--bench-concurrency", "1,2",
+                     "--bench-requests", "2", "--bench-tokens", "40", "--timeout", "30",
+                     "--probe-first-token-timeout", "5", "--probe-stall-timeout", "3"])
+
+
+def test_collapsed_recall_fails_the_gate_within_one_grid_step(tmp_path, capsys):
+    stack, s = start_pd(tmp_path, decode_extra=["--recall-horizon", "3000", *DECODE_200])
+    with stack:
+        rc = smoke(s.router.url, tmp_path / "out", min_horizon=8000)
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["failed"] == ["recall"]
+    # true horizon 3000 tokens: the grid step below it (2K) is reported
+    assert summary["gates"]["recall"]["horizon"] == 2000
+    assert summary["gates"]["probe"]["passed"] and summary["gates"]["bench"]["passed"]
+    recall = json.loads((tmp_path / "out" / "recall.json").read_text())
+    assert recall["counts"]["wrong"] > 0 and recall["counts"]["timeout"] == recall["counts"]["http"] == 0
+    assert "FAIL (recall)" in out and f"heatmap: {tmp_path / 'out' / 'recall.png'}" in out
+    assert (tmp_path / "out" / "recall.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_no_collapse_passes_and_keeps_every_file(tmp_path, capsys):
+    stack, s = start_pd(tmp_path, decode_extra=["--recall-horizon", "0", *DECODE_200])
+    with stack:
+        rc = smoke(s.router.url, tmp_path / "out", min_horizon=8000)
+        out = capsys.readouterr().out
+        assert rc == 0, out
+        summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+        assert summary["passed"] and summary["gates"]["recall"]["horizon"] == 8000
+        for f in ("probe.json", "recall.json", "recall.png", "bench.json", "summary.json", "summary.txt"):
+            assert (tmp_path / "out" / f).stat().st_size > 0, f
+        assert out.splitlines()[-2].strip().startswith("heatmap: ")
+        # throughput regression: the same stack against a baseline 10x its speed fails the bench gate only
+        rc = smoke(s.router.url, tmp_path / "slow", min_horizon=8000, baseline=2000)
+    assert rc == 1
+    summary = json.loads((tmp_path / "slow" / "summary.json").read_text())
+    assert summary["failed"] == ["bench"], summary
