@@ -45,7 +45,8 @@ def prometheus_config(plan: dict[str, Any], *, hosts: dict[str, str] | None = No
         {"job_name": "prometheus", "static_configs": [{"targets": [prometheus_target]}]},
         {"job_name": "sglang", "metrics_path": "/metrics", "static_configs": servers},
         {"job_name": "sglang-router", "metrics_path": "/metrics",
-         "static_configs": [{"targets": [f"{r['address']}:{r['prometheus_port']}"], "labels": {"host": str(r["host"])}}]},
+         "static_configs": [{"targets": [f"{r['address']}:{r['prometheus_port']}"],
+                             "labels": {"host": str(r["host"])}}]},
         {"job_name": "node", "static_configs": [{"targets": [f"{a}:{node_exporter_port}"], "labels": {"host": h}}
                                                 for h, a in addrs.items()]},
     ]
