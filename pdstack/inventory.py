@@ -179,12 +179,48 @@ PD = Schema("pdstack_pd", {
                                     "generate", default=20, check=_positive),
 })
 
+SMOKE_GRID = Schema("grid", {
+    "lengths": Field((list,), "recall context lengths, tokens", default=lambda: [1000, 2000, 4000, 8000, 16000, 32000],
+                     check=lambda v: None if v and all(isinstance(x, int) and x > 0 for x in v)
+                     else f"{v!r} must be a list of token counts > 0"),
+    "depths": Field((list,), "needle depths, % of the document", default=lambda: [0, 25, 50, 75, 100],
+                    check=lambda v: None if v and all(isinstance(x, int | float) and 0 <= x <= 100 for x in v)
+                    else f"{v!r} must be a list of percentages 0-100"),
+    "variant": Field((str,), "single, multi or both needle variants", default="both",
+                     choices=("single", "multi", "both")),
+    "needles": Field((int,), "needles per prompt in the multi variant", default=3, check=_positive),
+})
+
+SMOKE_BENCH = Schema("bench", {
+    "baseline_tps": Field((int, float), "expected C=1 decode tokens/s (the reference: ~64); unset: report only",
+                          default=None, check=_positive),
+    "tolerance": Field((int, float), "allowed shortfall below the baseline, a fraction", default=0.2,
+                       check=lambda v: None if 0 <= v < 1 else f"{v} must be in [0, 1)"),
+    "concurrency": Field((list,), "concurrency levels of the sweep (keep within router admission)",
+                         default=lambda: [1, 2, 4]),
+    "requests": Field((int,), "requests per level", default=3, check=_positive),
+    "max_new_tokens": Field((int,), "tokens each bench request decodes", default=128, check=_positive),
+})
+
+SMOKE = Schema("pdstack_smoke", {
+    "enabled": Field((bool,), "run the smoke phase after a deploy", default=True),
+    "min_horizon": Field((int,), "recall horizon (tokens) under which the deploy fails", default=0),
+    "grid": Field((dict,), "the recall grid", default=dict, schema=SMOKE_GRID),
+    "concurrency": Field((int,), "recall requests in flight; default: the router's max_concurrent_requests "
+                         "(4 when admission is off)", default=None, check=_positive),
+    "timeout_s": Field((int, float), "seconds per smoke request", default=300, check=_positive),
+    "tokenizer": Field((str,), "directory on the controller with the model's tokenizer.json; unset: the sim "
+                       "test engine's", default=None),
+    "bench": Field((dict,), "the throughput check", default=dict, schema=SMOKE_BENCH),
+})
+
 TOP_LEVEL = {
     "pdstack_environment": Field((str,), "production, local or test", choices=ENVIRONMENTS),
     "pdstack_model": Field((dict,), "the served model", schema=MODEL),
     "pdstack_image": Field((dict,), "the image", schema=IMAGE),
     "pdstack_router": Field((dict,), "the router", default=dict, schema=ROUTER),
     "pdstack_pd": Field((dict,), "SGLang PD timeouts (environment of every server)", default=dict, schema=PD),
+    "pdstack_smoke": Field((dict,), "the smoke checks after a deploy", default=dict, schema=SMOKE),
 }
 HOST_LEVEL = {
     "pdstack_servers": Field((list,), "prefill/decode servers on this host", default=list, item_schema=SERVER),
@@ -218,6 +254,7 @@ class Deployment:
     router_host: str
     monitoring_hosts: list[str]
     warnings: list[str] = field(default_factory=list)
+    smoke: dict[str, Any] = field(default_factory=dict)
 
     def servers(self) -> list[tuple[Host, dict[str, Any]]]:
         return [(h, s) for h in self.hosts.values() for s in h.servers]
@@ -309,6 +346,7 @@ def build_deployment(hostvars: dict[str, dict[str, Any]], groups: dict[str, list
         hosts=hosts,
         router_host=router_hosts[0],
         monitoring_hosts=monitoring,
+        smoke=top["pdstack_smoke"],
     )
 
 

@@ -68,32 +68,62 @@ def run_smoke(url: str, out: Path, *, lengths: list[int], depths: list[float], t
 def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", required=True, help="router URL")
     p.add_argument("--out", required=True, help="directory for probe/recall/bench JSON, the heatmap and the summary")
-    p.add_argument("--lengths", type=recall._int_list, default=recall.DEFAULT_LENGTHS, help="recall lengths")
-    p.add_argument("--depths", type=recall._depth_list, default=recall.DEFAULT_DEPTHS, help="recall depths, %%")
-    p.add_argument("--tokenizer", default=str(recall.SIM_TOKENIZER), help="directory with the model's tokenizer.json")
-    p.add_argument("--variant", choices=("single", "multi", "both"), default="both")
-    p.add_argument("--needles", type=int, default=3, help="needles per prompt, multi variant")
-    p.add_argument("--concurrency", type=int, default=4, help="recall requests in flight (within router admission)")
-    p.add_argument("--min-horizon", type=int, default=0, help="recall gate, tokens")
-    p.add_argument("--baseline", type=float, default=None, help="C=1 decode tokens/s baseline")
-    p.add_argument("--tolerance", type=float, default=0.2, help="allowed shortfall below the baseline (fraction)")
-    p.add_argument("--bench-concurrency", type=bench._ints, default=[1, 2, 4])
-    p.add_argument("--bench-requests", type=int, default=3)
-    p.add_argument("--bench-tokens", type=int, default=128)
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
+    p.add_argument("--inventory", "-i", metavar="DIR",
+                   help="take every setting below that is not given from the inventory's pdstack_smoke (and recall "
+                        "concurrency from pdstack_router.admission.max_concurrent_requests)")
+    p.add_argument("--lengths", type=recall._int_list, help="recall lengths (default 1K..32K)")
+    p.add_argument("--depths", type=recall._depth_list, help="recall depths, %% (default 0,10,...,100)")
+    p.add_argument("--tokenizer", help="directory with the model's tokenizer.json (default: the sim's)")
+    p.add_argument("--variant", choices=("single", "multi", "both"), help="needle variants (default both)")
+    p.add_argument("--needles", type=int, help="needles per prompt, multi variant (default 3)")
+    p.add_argument("--concurrency", type=int, help="recall requests in flight, within router admission (default 4)")
+    p.add_argument("--min-horizon", type=int, help="recall gate, tokens (default 0)")
+    p.add_argument("--baseline", type=float, help="C=1 decode tokens/s baseline (default: none, report only)")
+    p.add_argument("--tolerance", type=float, help="allowed shortfall below the baseline, fraction (default 0.2)")
+    p.add_argument("--bench-concurrency", type=bench._ints, help="bench sweep levels (default 1,2,4)")
+    p.add_argument("--bench-requests", type=int, help="bench requests per level (default 3)")
+    p.add_argument("--bench-tokens", type=int, help="tokens per bench request (default 128)")
+    p.add_argument("--timeout", type=float, help="seconds per request (default 300)")
     p.add_argument("--probe-first-token-timeout", type=float, default=60.0)
     p.add_argument("--probe-stall-timeout", type=float, default=15.0)
-    p.epilog = "exit codes: 0 every gate passed, 1 a gate failed (summary says which), 2 usage"
+    p.epilog = "exit codes: 0 every gate passed, 1 a gate failed (summary says which), 2 usage or bad inventory"
+
+
+DEFAULTS = {"lengths": recall.DEFAULT_LENGTHS, "depths": recall.DEFAULT_DEPTHS, "tokenizer": str(recall.SIM_TOKENIZER),
+            "variant": "both", "needles": 3, "concurrency": 4, "min_horizon": 0, "baseline": None, "tolerance": 0.2,
+            "bench_concurrency": [1, 2, 4], "bench_requests": 3, "bench_tokens": 128, "timeout": 300.0}
+
+
+def settings_from_inventory(path: str) -> dict:
+    """pdstack_smoke (defaults filled by the inventory schema) as smoke CLI settings."""
+    from pdstack import inventory
+
+    dep = inventory.load(path)
+    sm, adm = dep.smoke, dep.router["admission"]
+    conc = sm["concurrency"] or (adm["max_concurrent_requests"] if adm["max_concurrent_requests"] > 0 else 4)
+    out = {"lengths": sm["grid"]["lengths"], "depths": sm["grid"]["depths"], "variant": sm["grid"]["variant"],
+           "needles": sm["grid"]["needles"], "concurrency": conc, "min_horizon": sm["min_horizon"],
+           "baseline": sm["bench"]["baseline_tps"], "tolerance": sm["bench"]["tolerance"],
+           "bench_concurrency": sm["bench"]["concurrency"], "bench_requests": sm["bench"]["requests"],
+           "bench_tokens": sm["bench"]["max_new_tokens"], "timeout": float(sm["timeout_s"])}
+    if sm["tokenizer"]:
+        out["tokenizer"] = sm["tokenizer"]
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
-    variants = ["single", "multi"] if args.variant == "both" else [args.variant]
+    cfg = dict(DEFAULTS)
+    if args.inventory:
+        cfg.update(settings_from_inventory(args.inventory))
+    cfg.update({k: v for k, v in vars(args).items() if k in DEFAULTS and v is not None})
+    variants = ["single", "multi"] if cfg["variant"] == "both" else [cfg["variant"]]
     try:
         passed, _, text = run_smoke(
-            args.url, Path(args.out), lengths=args.lengths, depths=args.depths, tokenizer=args.tokenizer,
-            variants=variants, needles=args.needles, concurrency=args.concurrency, min_horizon=args.min_horizon,
-            baseline_tps=args.baseline, tolerance=args.tolerance, bench_concurrency=args.bench_concurrency,
-            bench_requests=args.bench_requests, bench_tokens=args.bench_tokens, timeout=args.timeout,
+            args.url, Path(args.out), lengths=cfg["lengths"], depths=cfg["depths"], tokenizer=cfg["tokenizer"],
+            variants=variants, needles=cfg["needles"], concurrency=cfg["concurrency"],
+            min_horizon=cfg["min_horizon"], baseline_tps=cfg["baseline"], tolerance=cfg["tolerance"],
+            bench_concurrency=cfg["bench_concurrency"], bench_requests=cfg["bench_requests"],
+            bench_tokens=cfg["bench_tokens"], timeout=cfg["timeout"],
             probe_first_token_timeout=args.probe_first_token_timeout, probe_stall_timeout=args.probe_stall_timeout)
     except (FileNotFoundError, ImportError) as e:
         print(f"pdstack smoke: {e}", file=sys.stderr)
