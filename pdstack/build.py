@@ -240,6 +240,9 @@ def _lock(name: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def docker_build(c, context: Path, tag: str, buildargs: dict[str, str], what: str) -> None:
     """Classic-builder build of `context` as `tag`; streams step lines with elapsed time and a heartbeat."""
     t0 = time.monotonic()
@@ -263,7 +266,7 @@ def docker_build(c, context: Path, tag: str, buildargs: dict[str, str], what: st
                 error = chunk["error"].strip()
                 continue
             text = chunk.get("stream", "")
-            for line in text.splitlines():
+            for line in _ANSI.sub("", text).splitlines():
                 line = line.rstrip()
                 if not line or line.startswith(" ---> ") or line.startswith("Removing intermediate"):
                     continue

@@ -1,0 +1,241 @@
+"""`invoke build` (pdstack.build): content-addressed inputs, the manifest and labels, both flavors built for real,
+the no-op rebuild, and a patch that does not apply failing the prod build.
+
+The slow tests build images with the local Docker engine (CI runs them; without an engine they fail under CI=true
+and skip elsewhere). The prod build uses the offline base (debootstrap + CPU torch + sglang --no-deps + PyPI nvcc),
+built once and then found by tag.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from pdstack import build as b
+from pdstack.patches import read_series, series_hash
+
+SERIES = b.default_series_dir()
+
+
+def _copy_series(dst: Path) -> Path:
+    dst.mkdir(parents=True)
+    shutil.copy2(SERIES / "series", dst / "series")
+    for p in read_series(SERIES):
+        shutil.copy2(p, dst / p.name)
+    return dst
+
+
+def _break_patch(series_dir: Path) -> str:
+    """Change a context line of the series' last patch so its first hunk no longer fits SGLang 0.5.23."""
+    last = read_series(series_dir)[-1]
+    lines = last.read_text().splitlines(keepends=True)
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("@@"))
+    ctx = next(i for i in range(at + 1, len(lines)) if lines[i].startswith(" ") and lines[i].strip())
+    lines[ctx] = lines[ctx].rstrip("\n") + "  # pdstack-test: not in upstream\n"
+    last.write_text("".join(lines))
+    return last.name
+
+
+# ---------------------------------------------------------------------------------------------------- fast
+
+
+def test_prod_inputs_cover_exactly_the_series_kernels_and_dockerfile(tmp_path):
+    series = _copy_series(tmp_path / SERIES.name)
+    (series / "0099-stray.patch.new").write_text("not listed in series\n")
+    inputs = b.compute_inputs("prod", "example/base@sha256:" + "0" * 64, series_dir=series)
+    names = set(inputs["files"])
+    assert "images/prod/Dockerfile" in names
+    assert "kernels/csrc/index_k_store_bf16.cu" in names
+    assert "kernels/pdstack_kernels/build.py" in names
+    assert "pdstack/patches.py" in names
+    listed = {p.name for p in read_series(series)}
+    assert {Path(n).name for n in names if n.endswith(".patch")} == listed
+    assert not any(n.endswith(".patch.new") for n in names)
+    assert inputs["pins"]["sglang"] == "0.5.23"
+    assert inputs["pins"]["cuda_archs"] == ["sm_120a"]
+    assert inputs["pins"]["patch_series_sha256"] == series_hash(series)
+    assert inputs["pins"]["jit_aot"] == "require"  # a real base must AOT-compile SGLang's JIT kernels
+
+
+def test_tag_changes_with_every_kind_of_input(tmp_path):
+    series = _copy_series(tmp_path / SERIES.name)
+    base = "example/base@sha256:" + "1" * 64
+    first = b.compute_inputs("prod", base, series_dir=series)
+    assert b.compute_inputs("prod", base, series_dir=series)["sha256"] == first["sha256"]  # stable
+    assert b.image_tag(first) == f"pdstack/sglang:{first['sha256'][:16]}"
+    tags = {b.image_tag(first)}
+    tags.add(b.image_tag(b.compute_inputs("prod", "example/base@sha256:" + "2" * 64, series_dir=series)))
+    tags.add(b.image_tag(b.compute_inputs("prod", base, series_dir=series, archs=("sm_120a", "sm_90a"))))
+    _break_patch(series)
+    tags.add(b.image_tag(b.compute_inputs("prod", base, series_dir=series)))
+    assert len(tags) == 4
+    sim = b.compute_inputs("sim", "pdstack/pybase:x", wheels={"a-1-py3-none-any.whl": "00"})
+    assert sim["sha256"] != b.compute_inputs("sim", "pdstack/pybase:x", wheels={"a-2-py3-none-any.whl": "00"})["sha256"]
+    assert "pdstack/sim/server.py" in sim["files"] and "images/sim/Dockerfile" in sim["files"]
+
+
+def test_offline_base_uses_auto_jit_mode():
+    assert b._jit_mode(f"{b.OFFLINE_BASE_REPO}:abc") == "auto"
+    assert b._jit_mode("lmsysorg/sglang@sha256:" + "3" * 64) == "require"
+
+
+def test_pep508_from_wheel_names():
+    assert b._pep508("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl") == "torch==2.13.0+cpu"
+    assert b._pep508("nvidia_cuda_nvcc-13.0.88-py3-none-manylinux2014_x86_64.whl") == "nvidia_cuda_nvcc==13.0.88"
+
+
+def test_missing_engine_says_how_to_fix(monkeypatch, tmp_path):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")
+    with pytest.raises(b.BuildError) as e:
+        b.client()
+    assert "cannot reach the Docker engine" in str(e.value)
+    assert "Fix:" in str(e.value) and "dev.sh setup" in str(e.value)
+
+
+def test_unknown_flavor_is_refused():
+    with pytest.raises(b.BuildError, match="--flavor prod or --flavor sim"):
+        b.build(flavor="gpu")
+
+
+def test_format_manifest_is_a_table():
+    m = {"tag": "pdstack/sim:abc", "image_id": "sha256:" + "f" * 64, "size_bytes": 3e8, "base": {"ref": "x"},
+         "inputs": {"files": {"a": "1"}}, "inputs_sha256": "ab" * 32, "noop": True, "seconds": 0.3,
+         "labels": {"io.pdstack.flavor": "sim", "org.opencontainers.image.revision": "r1", "other": "hidden"}}
+    text = b.format_manifest(m)
+    assert "no-op in 0.3 s" in text and "flavor" in text and "r1" in text and "hidden" not in text
+
+
+# ---------------------------------------------------------------------------------------------------- slow
+
+
+@pytest.fixture(scope="module")
+def docker_client():
+    try:
+        return b.client()
+    except b.BuildError as e:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but no Docker engine: {e}")
+        pytest.skip(f"no Docker engine: {e}")
+
+
+def _run(c, image: str, cmd: str) -> str:
+    out = c.containers.run(image, ["sh", "-c", cmd], remove=True, stderr=True)
+    return out.decode()
+
+
+def _manifest_ok(m: dict, flavor: str, c) -> None:
+    on_disk = json.loads(b.manifest_path(flavor).read_text())
+    assert on_disk == m
+    img = c.images.get(m["tag"])
+    assert img.id == m["image_id"]
+    assert m["size_bytes"] == img.attrs["Size"] > 0
+    assert m["labels"] == img.attrs["Config"]["Labels"]
+    assert m["labels"]["io.pdstack.flavor"] == flavor
+    assert m["labels"]["io.pdstack.inputs.sha256"] == m["inputs_sha256"]
+    assert m["tag"].endswith(":" + m["inputs_sha256"][:16])
+    rev = m["labels"]["org.opencontainers.image.revision"]
+    head = subprocess.run(["git", "-C", str(b.ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert len(rev.removesuffix("-dirty")) == 40 and int(rev[:40], 16) >= 0
+    assert head.strip()  # a checkout: the label is a real commit id
+    assert m["inputs"]["files"] and all(len(v) == 64 for v in m["inputs"]["files"].values())
+
+
+@pytest.mark.slow
+def test_sim_image_runs_the_test_engine_and_the_real_router(docker_client, tmp_path):
+    c = docker_client
+    m = b.build(flavor="sim")
+    _manifest_ok(m, "sim", c)
+    assert m["labels"]["io.pdstack.router.version"] == "0.3.2"
+    assert m["labels"]["io.pdstack.test-engine"] == "true"
+    out = _run(c, m["tag"], "command -v pdstack python3; pdstack sim --help; "
+                            "python3 -m sglang_router.launch_router --help | head -n 3; "
+                            "python3 -c 'import importlib.util as u; print(\"torch:\", u.find_spec(\"torch\"))'")
+    assert "/opt/pdstack/bin/pdstack" in out and "/opt/pdstack/bin/python3" in out
+    assert "TEST ENGINE" in out and "--disaggregation-mode" in out
+    assert "usage: launch_router" in out
+    assert "torch: None" in out  # lean: no torch in the sim image
+
+    t0 = time.monotonic()
+    again = b.build(flavor="sim", save=str(tmp_path / "sim.tar"))
+    assert again["noop"] and again["tag"] == m["tag"] and again["image_id"] == m["image_id"]
+    # the no-op itself (without --save) must stay under 5 s; measure it alone
+    t1 = time.monotonic()
+    third = b.build(flavor="sim")
+    noop_s = time.monotonic() - t1
+    assert third["noop"] and noop_s < 5, f"no-op build took {noop_s:.1f} s"
+    assert time.monotonic() - t0 > 0
+    saved = again["saved"]
+    sha_line = (tmp_path / "sim.tar.sha256").read_text().split()
+    assert sha_line == [saved["sha256"], "sim.tar"]
+    assert b._sha256_file(tmp_path / "sim.tar") == saved["sha256"]
+    with tarfile.open(tmp_path / "sim.tar") as t:
+        index = json.load(t.extractfile("manifest.json"))
+    assert m["tag"] in index[0]["RepoTags"]
+
+
+def _file_from_image(c, image: str, path: str) -> bytes:
+    ct = c.containers.create(image, ["true"])
+    try:
+        bits, _ = ct.get_archive(path)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(bits))) as t:
+            return t.extractfile(t.getmembers()[0]).read()
+    finally:
+        ct.remove(force=True)
+
+
+@pytest.mark.slow
+def test_prod_image_on_the_offline_base_has_kernels_patches_and_labels(docker_client, tmp_path):
+    c = docker_client
+    m = b.build(flavor="prod", base="offline")
+    _manifest_ok(m, "prod", c)
+    labels = m["labels"]
+    assert labels["io.pdstack.sglang.version"] == "0.5.23"
+    assert labels["io.pdstack.patches.sha256"] == series_hash(SERIES)
+    assert labels["io.pdstack.kernels.archs"] == "sm_120a"
+    assert labels["io.pdstack.jit-aot"] == "auto"
+    assert m["base"]["ref"].startswith(b.OFFLINE_BASE_REPO + ":")
+    out = _run(c, m["tag"], "cat /opt/pdstack/patches/applied.txt; "
+                            "site=$(python3 -c 'import importlib.util as u, os; "
+                            "print(os.path.dirname(os.path.dirname(u.find_spec(\"sglang\").origin)))'); "
+                            "grep -l PDSTACK_DSV4_BF16_INDEX_K $site/sglang/srt/mem_cache/deepseek_v4_memory_pool.py; "
+                            "cat /opt/pdstack/jit-aot.json; python3 -c 'import importlib.util as u; print(\"pdk\", u.find_spec(\"pdstack_kernels\").origin)'; "
+                            "echo lib=$PDSTACK_KERNELS_LIB")
+    for p in read_series(SERIES):
+        assert f"applied  {p.name}" in out
+    assert f"series sha256 {series_hash(SERIES)}" in out
+    assert "deepseek_v4_memory_pool.py" in out and "pdk /opt/sglang/lib/python3.11/site-packages/pdstack_kernels/__init__.py" in out
+    assert "CPU build" in out  # the offline base cannot run SGLang's JIT: skipped, and the report says why
+    lib = _file_from_image(c, m["tag"], "/opt/pdstack/kernels/libpdstack_kernels.so")
+    assert lib[:4] == b"\x7fELF"
+    (tmp_path / "lib.so").write_bytes(lib)
+    cuobjdump = shutil.which("cuobjdump") or shutil.which("cuobjdump", path="/usr/local/cuda/bin:/usr/local/bin")
+    if cuobjdump:
+        elf = subprocess.run([cuobjdump, "--list-elf", str(tmp_path / "lib.so")], capture_output=True, text=True)
+        assert "sm_120a" in elf.stdout, elf.stdout + elf.stderr
+    else:
+        assert b"sm_120a" in lib or b"sm_120" in lib
+
+    t0 = time.monotonic()
+    again = b.build(flavor="prod", base="offline")
+    assert again["noop"] and again["image_id"] == m["image_id"] and time.monotonic() - t0 < 5
+
+
+@pytest.mark.slow
+def test_a_patch_that_does_not_apply_fails_the_prod_build(docker_client, tmp_path):
+    series = _copy_series(tmp_path / SERIES.name)
+    broken = _break_patch(series)
+    inputs_tag = b.image_tag(b.compute_inputs("prod", b.ensure_offline_base(docker_client), series_dir=series))
+    with pytest.raises(b.BuildError) as e:
+        b.build(flavor="prod", base="offline", series_dir=series, manifest=tmp_path / "manifest.json")
+    msg = str(e.value)
+    assert broken in msg and "FAILED" in msg, msg
+    assert not b.image_exists(docker_client, inputs_tag)
+    assert not (tmp_path / "manifest.json").exists()
