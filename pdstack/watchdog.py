@@ -70,14 +70,18 @@ class Services(Protocol):
 
 
 class Systemctl:
-    """Restarts units with systemctl (the watchdog runs as root on the router host)."""
+    """Restarts units with systemctl (the watchdog runs as root on the router host). A server on another host
+    carries its own restart_argv (e.g. ssh HOST systemctl restart UNIT)."""
 
-    def __init__(self, systemctl: str = "/bin/systemctl", timeout_s: float = 600.0):
+    def __init__(self, systemctl: str = "/bin/systemctl", timeout_s: float = 600.0,
+                 argv_by_unit: dict[str, list[str]] | None = None):
         self.systemctl, self.timeout_s = systemctl, timeout_s
+        self.argv_by_unit = argv_by_unit or {}
 
     def restart(self, unit: str) -> tuple[bool, str]:
+        argv = self.argv_by_unit.get(unit) or [self.systemctl, "restart", unit]
         try:
-            p = subprocess.run([self.systemctl, "restart", unit], capture_output=True, text=True,
+            p = subprocess.run(argv, capture_output=True, text=True,
                                timeout=self.timeout_s, check=False)
         except (OSError, subprocess.TimeoutExpired) as e:
             return False, str(e)
@@ -101,6 +105,7 @@ class Server:
     role: str  # prefill | decode
     url: str
     unit: str
+    restart_argv: list[str] | None = None  # default: systemctl restart UNIT on this host
 
 
 @dataclass
@@ -119,7 +124,7 @@ class Config:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Config:
-        d = dict(d)
+        d = {k: v for k, v in d.items() if not k.startswith("_")}  # "_comment": the ansible_managed line
         servers = [Server(**s) for s in d.pop("servers", [])]
         known = set(cls.__dataclass_fields__) - {"servers"}
         unknown = sorted(set(d) - known)
@@ -186,7 +191,8 @@ class Watchdog:
                  services: Services | None = None, clock: Clock | None = None, state: State | None = None):
         self.cfg = cfg
         self.clock = clock or RealClock()
-        self.services = services or Systemctl()
+        self.services = services or Systemctl(argv_by_unit={s.unit: s.restart_argv for s in cfg.servers
+                                                            if s.restart_argv})
         self.health = health or http_status
         self.state = state if state is not None else State()
         decode_urls = [s.url for s in cfg.servers if s.role == "decode"]

@@ -184,3 +184,33 @@ def test_reset_and_bad_config(tmp_path, caplog):
     cfg_file.write_text(json.dumps({**CFG, "failures_before_restrat": 2}))
     assert W.main(["--config", str(cfg_file)]) == W.EXIT_CONFIG
     assert "failures_before_restrat" in caplog.text
+
+
+def test_role_template_renders_a_valid_config(tmp_path):
+    """roles/watchdog's watchdog.json.j2 on a two-host plan: local decode via systemctl, remote prefill via ssh."""
+    from pathlib import Path
+
+    import jinja2
+
+    root = Path(__file__).resolve().parents[1]
+    env = jinja2.Environment(extensions=["jinja2.ext.do"])
+    env.filters["to_json"] = json.dumps
+    tpl = env.from_string((root / "roles/watchdog/templates/etc/pdstack/watchdog.json.j2").read_text())
+    plan = {"router": {"port": 8000}, "servers": [
+        {"name": "prefill-0", "role": "prefill", "url": "http://10.0.0.2:30000", "host": "gpu02",
+         "address": "10.0.0.2", "unit": "pdstack-server-prefill-0.service"},
+        {"name": "decode-0", "role": "decode", "url": "http://10.0.0.1:30001", "host": "gpu01",
+         "address": "10.0.0.1", "unit": "pdstack-server-decode-0.service"}]}
+    text = tpl.render(watchdog_plan=plan, inventory_hostname="gpu01", ansible_managed="Ansible managed",
+                      watchdog_failures_before_restart=3, watchdog_max_restarts_per_hour=3,
+                      watchdog_ready_timeout_s=1800,
+                      watchdog_probe_first_token_timeout_s=60, watchdog_probe_stall_timeout_s=15,
+                      watchdog_probe_timeout_s=120, watchdog_state_dir="/var/lib/pdstack",
+                      watchdog_textfile_dir="/var/lib/prometheus/node-exporter")
+    cfg = W.Config.from_dict(json.loads(text))
+    assert cfg.router_url == "http://127.0.0.1:8000" and cfg.failures_before_restart == 3
+    by = {s.name: s for s in cfg.servers}
+    assert by["decode-0"].restart_argv is None
+    assert by["prefill-0"].restart_argv[-3:] == ["systemctl", "restart", "pdstack-server-prefill-0.service"]
+    svc = W.Systemctl(systemctl="/bin/true", argv_by_unit={"u": ["/bin/false"]})
+    assert svc.restart("other")[0] and not svc.restart("u")[0]
