@@ -34,12 +34,12 @@ def _copy_series(dst: Path) -> Path:
 
 
 def _break_patch(series_dir: Path) -> str:
-    """Change a context line of the series' last patch so its first hunk no longer fits SGLang 0.5.23."""
+    """Change a line the series' last patch removes, so that hunk no longer fits SGLang 0.5.23 (no fuzz saves it)."""
     last = read_series(series_dir)[-1]
     lines = last.read_text().splitlines(keepends=True)
     at = next(i for i, ln in enumerate(lines) if ln.startswith("@@"))
-    ctx = next(i for i in range(at + 1, len(lines)) if lines[i].startswith(" ") and lines[i].strip())
-    lines[ctx] = lines[ctx].rstrip("\n") + "  # pdstack-test: not in upstream\n"
+    gone = next(i for i in range(at + 1, len(lines)) if lines[i].startswith("-") and lines[i].strip("-\n "))
+    lines[gone] = lines[gone].rstrip("\n") + "  # pdstack-test: not in upstream\n"
     last.write_text("".join(lines))
     return last.name
 
@@ -155,7 +155,7 @@ def test_sim_image_runs_the_test_engine_and_the_real_router(docker_client, tmp_p
     _manifest_ok(m, "sim", c)
     assert m["labels"]["io.pdstack.router.version"] == "0.3.2"
     assert m["labels"]["io.pdstack.test-engine"] == "true"
-    out = _run(c, m["tag"], "command -v pdstack python3; pdstack sim --help; "
+    out = _run(c, m["tag"], "command -v pdstack; command -v python3; pdstack sim --help; "
                             "python3 -m sglang_router.launch_router --help | head -n 3; "
                             "python3 -c 'import importlib.util as u; print(\"torch:\", u.find_spec(\"torch\"))'")
     assert "/opt/pdstack/bin/pdstack" in out and "/opt/pdstack/bin/python3" in out
