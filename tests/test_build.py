@@ -206,12 +206,15 @@ def test_prod_image_on_the_offline_base_has_kernels_patches_and_labels(docker_cl
                             "site=$(python3 -c 'import importlib.util as u, os; "
                             "print(os.path.dirname(os.path.dirname(u.find_spec(\"sglang\").origin)))'); "
                             "grep -l PDSTACK_DSV4_BF16_INDEX_K $site/sglang/srt/mem_cache/deepseek_v4_memory_pool.py; "
-                            "cat /opt/pdstack/jit-aot.json; python3 -c 'import importlib.util as u; print(\"pdk\", u.find_spec(\"pdstack_kernels\").origin)'; "
+                            "cat /opt/pdstack/jit-aot.json; "
+                            "python3 -c 'import importlib.util as u; "
+                            "print(\"pdk\", u.find_spec(\"pdstack_kernels\").origin)'; "
                             "echo lib=$PDSTACK_KERNELS_LIB")
     for p in read_series(SERIES):
         assert f"applied  {p.name}" in out
     assert f"series sha256 {series_hash(SERIES)}" in out
-    assert "deepseek_v4_memory_pool.py" in out and "pdk /opt/sglang/lib/python3.11/site-packages/pdstack_kernels/__init__.py" in out
+    assert "deepseek_v4_memory_pool.py" in out
+    assert "pdk /opt/sglang/lib/python3.11/site-packages/pdstack_kernels/__init__.py" in out
     assert "CPU build" in out  # the offline base cannot run SGLang's JIT: skipped, and the report says why
     lib = _file_from_image(c, m["tag"], "/opt/pdstack/kernels/libpdstack_kernels.so")
     assert lib[:4] == b"\x7fELF"
@@ -239,3 +242,12 @@ def test_a_patch_that_does_not_apply_fails_the_prod_build(docker_client, tmp_pat
     assert broken in msg and "FAILED" in msg, msg
     assert not b.image_exists(docker_client, inputs_tag)
     assert not (tmp_path / "manifest.json").exists()
+
+
+@pytest.mark.slow
+def test_an_unreachable_base_says_how_to_bring_it_offline(docker_client):
+    ref = "registry.example.invalid/sglang@sha256:" + "0" * 64
+    with pytest.raises(b.BuildError) as e:
+        b.resolve_base(docker_client, "prod", ref)
+    msg = str(e.value)
+    assert "cannot be pulled" in msg and "docker load -i base.tar" in msg and "--base offline" in msg
