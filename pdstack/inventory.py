@@ -79,7 +79,12 @@ MODEL = Schema("pdstack_model", {
 })
 
 IMAGE = Schema("pdstack_image", {
-    "ref": Field((str,), "container image reference the servers and the router run"),
+    "ref": Field((str,), "container image reference the servers and the router run (pin production by digest); "
+                 "or leave it unset and name the build manifest", default=None),
+    "manifest": Field((str,), "build/manifest-<flavor>.json written by `invoke build --save`: the image tag, id "
+                      "and saved tarball come from it (path relative to the repo root)", default=None),
+    "tarball": Field((str,), "saved image tarball on the controller that the image phase pushes (its sha256 in "
+                     "<tarball>.sha256); default: the manifest's", default=None),
     "engine": Field((str,), "sglang (the GPU engine) or sim (the TEST ENGINE simulator; never in production)",
                     default="sglang", choices=ENGINES),
 })
@@ -350,6 +355,19 @@ def build_deployment(hostvars: dict[str, dict[str, Any]], groups: dict[str, list
     )
 
 
-def load(source: str | os.PathLike) -> Deployment:
-    hostvars, groups = load_hostvars(source)
+def load(source: str | os.PathLike, resolved: str | os.PathLike | None = None) -> Deployment:
+    """The deployment of inventory `source`. With `resolved` (a JSON file {"hostvars": {host: vars}, "groups": {...}}
+    that the preflight role writes from what Ansible resolved, extra vars included) those variables are used instead
+    of reading the inventory again, so `ansible-playbook -e ...` reaches the plan."""
+    if resolved is None:
+        hostvars, groups = load_hostvars(source)
+    else:
+        import json
+        try:
+            data = json.loads(Path(resolved).read_text())
+            hostvars, groups = data["hostvars"], data["groups"]
+        except (OSError, ValueError, KeyError) as e:
+            raise InventoryError([f"--vars {resolved}: not a resolved-inventory file ({e})"]) from e
+        if not hostvars:
+            raise InventoryError([f"inventory {source}: no hosts; list the GPU host(s) in hosts.yml"])
     return build_deployment(hostvars, groups, source=str(source))

@@ -12,6 +12,8 @@ from pdstack.errors import InventoryError
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-i", "--inventory", required=True, help="inventory directory, e.g. inventory/production")
+    parser.add_argument("--vars", help="use these resolved variables (JSON the preflight role writes, extra vars "
+                        "included) instead of reading the inventory's files")
     parser.add_argument("--host", help="only this host's servers")
     parser.add_argument("--json", action="store_true", help="print JSON (for machines) instead of text")
     parser.add_argument("--facts", help="host facts: a recorded JSON file (one host's, applied to every host, or "
@@ -28,7 +30,7 @@ def facts_path(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    dep = inventory.load(args.inventory)
+    dep = inventory.load(args.inventory, resolved=args.vars)
     facts = planner.load_facts(facts_path(args), list(dep.hosts))
     plan = planner.make_plan(dep, facts)
     if args.host:

@@ -77,6 +77,8 @@ class Plan:
     environment: str
     engine: str
     image: str
+    image_id: str | None
+    image_tarball: str | None
     model: dict[str, Any]
     servers: list[ServerPlan]
     router: RouterPlan
@@ -118,6 +120,24 @@ def _read_facts(p: Path) -> dict:
     if not isinstance(data, dict):
         raise FactsError(f"facts file {p}: expected a JSON object")
     return data
+
+
+def resolve_image(image: dict[str, Any]) -> tuple[str, str | None, str | None]:
+    """(ref, image id, tarball) from pdstack_image: an explicit ref, or the manifest `invoke build` wrote."""
+    if image["manifest"] is None:
+        return image["ref"], None, image["tarball"]
+    p = Path(image["manifest"])
+    try:
+        m = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        flavor = "sim" if image["engine"] == "sim" else "prod"
+        raise InventoryError([f"pdstack_image.manifest: cannot read {p} ({e}); build the image first: invoke build "
+                              f"--flavor {flavor} --save build/images/{flavor}.tar"]) from e
+    saved = (m.get("saved") or {}).get("path")
+    tarball = image["tarball"] or saved
+    # relative paths are the repo root's (where `invoke build` and ansible-playbook run); the image role needs them
+    # absolute
+    return m["tag"], m.get("image_id"), str(Path(tarball).resolve()) if tarball else None
 
 
 def hicache_plan(s: dict, facts: dict, node: int, reserve_gb: float) -> HiCachePlan:
@@ -253,9 +273,10 @@ def make_plan(dep: Deployment, facts: dict[str, dict]) -> Plan:
                         prometheus_port=dep.router["prometheus_port"], url=f"http://{rh.address}:{dep.router['port']}",
                         metrics_url=f"http://{rh.address}:{dep.router['prometheus_port']}/metrics",
                         prefill=prefill, decode=decode, flags=rf, argv=[*ROUTER_LAUNCHER, *rf])
-    return Plan(inventory=dep.source, environment=dep.environment, engine=dep.image["engine"], image=dep.image["ref"],
-                model=dep.model, servers=servers, router=router, monitoring_hosts=dep.monitoring_hosts,
-                warnings=dep.warnings)
+    ref, image_id, tarball = resolve_image(dep.image)
+    return Plan(inventory=dep.source, environment=dep.environment, engine=dep.image["engine"], image=ref,
+                image_id=image_id, image_tarball=tarball, model=dep.model, servers=servers, router=router,
+                monitoring_hosts=dep.monitoring_hosts, warnings=dep.warnings)
 
 
 def render_text(plan: Plan) -> str:

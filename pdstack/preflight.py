@@ -60,6 +60,10 @@ def static_problems(dep: Deployment) -> list[str]:
 
     if dep.environment == "production" and dep.image["engine"] == "sim":
         p.append("pdstack_image.engine: 'sim' is the TEST ENGINE and never runs in production; set engine: sglang")
+    img = dep.image
+    if (img["ref"] is None) == (img["manifest"] is None):
+        p.append("pdstack_image: set exactly one of ref (an image reference) or manifest (build/manifest-<flavor>.json "
+                 "from `invoke build`)")
     roles = {s["role"] for _, _, s in servers}
     for role in ("prefill", "decode"):
         if role not in roles:

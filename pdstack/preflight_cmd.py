@@ -15,12 +15,14 @@ from pdstack.plan_cmd import facts_path
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-i", "--inventory", required=True, help="inventory directory, e.g. inventory/production")
+    parser.add_argument("--vars", help="use these resolved variables (JSON the preflight role writes, extra vars "
+                        "included) instead of reading the inventory's files")
     parser.add_argument("--facts", help="host facts (see `pdstack plan --help`); without them only static checks run")
     parser.add_argument("--static", action="store_true", help="only the static checks, even if facts exist")
 
 
 def run(args: argparse.Namespace) -> int:
-    dep = inventory.load(args.inventory)
+    dep = inventory.load(args.inventory, resolved=args.vars)
     path = None if args.static else facts_path(args)
     if path is None:
         problems = preflight.static_problems(dep)
