@@ -123,15 +123,31 @@ def kernels(c: Context, arch: list[str] | None = None, out: str = "build/kernels
 
 @task(help={"count": "number of local test hosts"})
 def demo(c: Context, count: int = 1) -> None:
-    """The main job on the embedded default: boot the local test host(s), run site.yml, print the summary."""
+    """The main job on the embedded default: build the sim image, boot the local test host, run site.yml (which
+    ends with the smoke checks), print the summary."""
+    build_image(c, flavor="sim", save="build/images/sim.tar")
     testhost_up(c, count=count)
     deploy(c)
-    print("\n==== pdstack demo: summary ====")
+    print("\n==== pdstack demo: what was deployed ====")
     with c.cd(str(ROOT)):
         c.run(shlex.join([PY, "-m", "pdstack", "plan", "-i", "inventory/local", "--facts", "build/state/local/facts"]),
               echo=False, env=_env())
-    print("\nplan (JSON): build/state/local/plan.json; each host's part: /etc/pdstack/plan.json on it "
-          "(docker exec pdstack-local-1 cat /etc/pdstack/plan.json). Remove the host: invoke testhost.down")
+    summary = ROOT / "build" / "smoke" / "local" / "latest" / "summary.txt"
+    print("\n==== pdstack demo: smoke checks ====")
+    print(summary.read_text() if summary.exists() else f"(no smoke summary at {summary})")
+    print("where to look: plan build/state/local/plan.json; smoke results, recall.png (heatmap) in "
+          f"{summary.parent.resolve()}; units: docker exec pdstack-local-1 systemctl status 'pdstack-*'; "
+          "remove the host: invoke testhost.down")
+
+
+@task(help={"inventory": "inventory directory (default: ansible.cfg's, the local test host)"})
+def rollback(c: Context, inventory: str = "") -> None:
+    """Return every server and the router to the image deployed before the current one (kept on each host)."""
+    cmd = [str(BIN / "ansible-playbook"), "playbooks/rollback.yml"] + (["-i", inventory] if inventory else [])
+    with c.cd(str(ROOT)):
+        r = c.run(shlex.join(cmd), echo=True, warn=True, pty=sys.stdout.isatty(), env=_env())
+    if not r.ok:
+        raise Exit("rollback failed; the failing task's message above says why", r.exited)
 
 
 @task(help={"flavor": "prod (SGLang + our kernels and patches) or sim (the test engine + sglang-router)",
@@ -169,5 +185,5 @@ testhost.add_task(testhost_up, name="up")
 testhost.add_task(testhost_down, name="down")
 testhost.add_task(testhost_status, name="status")
 
-ns = Collection(lint, test, plan, deploy, kernels, demo, testhost, build)
+ns = Collection(lint, test, plan, deploy, rollback, kernels, demo, testhost, build)
 ns.configure({"run": {"echo": True}})

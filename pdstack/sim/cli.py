@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -71,6 +72,16 @@ IGNORED_SGLANG_FLAGS: list[tuple[tuple[str, ...], dict]] = [
 ]
 
 
+# The environment switch of pdstack's SGLang patch series (kernels/patches): bf16 DSA index keys.
+BF16_INDEX_K_ENV = "PDSTACK_DSV4_BF16_INDEX_K"
+FP8_COLLAPSE_HORIZON = 2048  # index_topk 512 x compress ratio 4: where fp8 index keys lost recall in the field
+
+
+def default_recall_horizon() -> int:
+    """Like the real engine: unlimited with bf16 index keys (the patch switch set), else the fp8 collapse."""
+    return 0 if os.environ.get(BF16_INDEX_K_ENV) == "1" else FP8_COLLAPSE_HORIZON
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         f"{TEST_ENGINE_LABEL}. Serves part of SGLang 0.5.23's HTTP API (generate, OpenAI completions/chat, "
@@ -84,9 +95,11 @@ def register(parser: argparse.ArgumentParser) -> None:
                      help="which server to simulate; default: from --disaggregation-mode (null -> mono)")
     sim.add_argument("--bootstrap-port", type=int, dest="bootstrap_port_alias",
                      help="alias of --disaggregation-bootstrap-port")
-    sim.add_argument("--recall-horizon", type=int, default=2048,
+    sim.add_argument("--recall-horizon", type=int, default=None,
                      help="tokens: a needle farther than this from the prompt's end is answered wrongly "
-                          "(the fp8 index-key collapse); 0 = unlimited (bf16 keys)")
+                          "(the fp8 index-key collapse); 0 = unlimited (bf16 keys). Default: 0 when "
+                          f"{BF16_INDEX_K_ENV}=1 is in the environment (the switch of pdstack's SGLang patch "
+                          "series, which the planner sets for index_k_dtype: bf16), else 2048 (upstream fp8 keys)")
     sim.add_argument("--prefill-tokens-per-s", type=float, default=8000.0, help="prefill speed (uncached tokens/s)")
     sim.add_argument("--decode-tokens-per-s", type=float, default=64.0,
                      help="decode speed of one request alone (tokens/s)")
@@ -166,7 +179,8 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None):
         max_total_tokens=args.max_total_tokens or 1_000_000,
         enable_metrics=args.enable_metrics,
         enable_hierarchical_cache=args.enable_hierarchical_cache, hicache_ratio=args.hicache_ratio,
-        recall_horizon=args.recall_horizon, prefill_tokens_per_s=args.prefill_tokens_per_s,
+        recall_horizon=default_recall_horizon() if args.recall_horizon is None else args.recall_horizon,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
         decode_tokens_per_s=args.decode_tokens_per_s, decode_batch_penalty=args.decode_batch_penalty,
         kv_transfer_gb_per_s=args.kv_transfer_gb_per_s, bootstrap_timeout_s=args.bootstrap_timeout_s,
         startup_delay_s=args.startup_delay_s, launch_argv=list(argv or sys.argv), server_args=server_args,
