@@ -20,6 +20,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "{host: facts}) or a directory of <host>.json; the playbook passes what it gathered. "
                         "Default: <inventory>/facts if it exists")
     parser.add_argument("--out", help="also write the JSON plan to this file")
+    parser.add_argument("--require-image", action="store_true",
+                        help="fail when the image cannot be resolved (pdstack_image.manifest missing): the playbook "
+                        "deploys, so it needs one; planning alone does not")
 
 
 def facts_path(args: argparse.Namespace) -> str | None:
@@ -32,7 +35,7 @@ def facts_path(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     dep = inventory.load(args.inventory, resolved=args.vars)
     facts = planner.load_facts(facts_path(args), list(dep.hosts))
-    plan = planner.make_plan(dep, facts)
+    plan = planner.make_plan(dep, facts, require_image=args.require_image)
     if args.host:
         if args.host not in dep.hosts:
             raise InventoryError([f"--host {args.host}: not in {args.inventory} (hosts: {', '.join(dep.hosts)})"])

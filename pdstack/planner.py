@@ -76,7 +76,7 @@ class Plan:
     inventory: str
     environment: str
     engine: str
-    image: str
+    image: str | None
     image_id: str | None
     image_tarball: str | None
     model: dict[str, Any]
@@ -122,8 +122,10 @@ def _read_facts(p: Path) -> dict:
     return data
 
 
-def resolve_image(image: dict[str, Any]) -> tuple[str, str | None, str | None]:
-    """(ref, image id, tarball) from pdstack_image: an explicit ref, or the manifest `invoke build` wrote."""
+def resolve_image(image: dict[str, Any], warnings: list[str], require: bool = True
+                  ) -> tuple[str | None, str | None, str | None]:
+    """(ref, image id, tarball) from pdstack_image: an explicit ref, or the manifest `invoke build` wrote.
+    A missing manifest is an error when `require` (deploying), else a warning and no image (planning)."""
     if image["manifest"] is None:
         return image["ref"], None, image["tarball"]
     p = Path(image["manifest"])
@@ -131,8 +133,12 @@ def resolve_image(image: dict[str, Any]) -> tuple[str, str | None, str | None]:
         m = json.loads(p.read_text())
     except (OSError, json.JSONDecodeError) as e:
         flavor = "sim" if image["engine"] == "sim" else "prod"
-        raise InventoryError([f"pdstack_image.manifest: cannot read {p} ({e}); build the image first: invoke build "
-                              f"--flavor {flavor} --save build/images/{flavor}.tar"]) from e
+        msg = (f"pdstack_image.manifest: cannot read {p} ({e}); build the image first: invoke build --flavor {flavor} "
+               f"--save build/images/{flavor}.tar")
+        if require:
+            raise InventoryError([msg]) from e
+        warnings.append(msg + " (the plan shows no image until then)")
+        return None, None, None
     saved = (m.get("saved") or {}).get("path")
     tarball = image["tarball"] or saved
     # relative paths are the repo root's (where `invoke build` and ansible-playbook run); the image role needs them
@@ -236,7 +242,7 @@ def router_flags(dep: Deployment, servers: list[ServerPlan]) -> tuple[list[str],
     return out + flags.render_extra(r["extra_args"]), prefill, decode
 
 
-def make_plan(dep: Deployment, facts: dict[str, dict]) -> Plan:
+def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = False) -> Plan:
     """Validate (static + topology) and plan. Raises InventoryError listing every problem."""
     problems = preflight.static_problems(dep) + preflight.topology_problems(dep, facts)
     if problems:
@@ -273,7 +279,7 @@ def make_plan(dep: Deployment, facts: dict[str, dict]) -> Plan:
                         prometheus_port=dep.router["prometheus_port"], url=f"http://{rh.address}:{dep.router['port']}",
                         metrics_url=f"http://{rh.address}:{dep.router['prometheus_port']}/metrics",
                         prefill=prefill, decode=decode, flags=rf, argv=[*ROUTER_LAUNCHER, *rf])
-    ref, image_id, tarball = resolve_image(dep.image)
+    ref, image_id, tarball = resolve_image(dep.image, dep.warnings, require=require_image)
     return Plan(inventory=dep.source, environment=dep.environment, engine=dep.image["engine"], image=ref,
                 image_id=image_id, image_tarball=tarball, model=dep.model, servers=servers, router=router,
                 monitoring_hosts=dep.monitoring_hosts, warnings=dep.warnings)

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from pdstack import flags, inventory, planner
+from pdstack.errors import InventoryError
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPO = ROOT / "tests" / "topologies"
@@ -182,3 +183,26 @@ def test_pd_timeout_defaults_are_sglangs_own():
         if upstream is None:  # SGLANG_HEALTH_CHECK_TIMEOUT is read with os.getenv in 0.5.23
             continue
         assert PD.fields[key].default == upstream.default, name
+
+
+def test_missing_build_manifest_warns_when_planning_and_fails_when_deploying(tmp_path: Path):
+    inv = tmp_path / "p"
+    shutil.copytree(ROOT / "inventory" / "production", inv)
+    f = inv / "group_vars/all/image.yml"
+    f.write_text(yaml.safe_dump({"pdstack_image": {"manifest": str(tmp_path / "none.json"), "engine": "sglang"}}))
+    dep = inventory.load(inv)
+    facts = planner.load_facts(REF, list(dep.hosts))
+    p = planner.make_plan(dep, facts)
+    assert p.image is None and any("build the image first: invoke build --flavor prod" in w for w in p.warnings)
+    with pytest.raises(InventoryError, match="cannot read .*none.json"):
+        planner.make_plan(inventory.load(inv), facts, require_image=True)
+
+
+def test_build_manifest_gives_tag_id_and_absolute_tarball(tmp_path: Path):
+    m = tmp_path / "manifest-prod.json"
+    m.write_text(json.dumps({"tag": "pdstack/sglang:0123456789abcdef", "image_id": "sha256:ab",
+                             "saved": {"path": "build/images/prod.tar"}}))
+    ref, image_id, tarball = planner.resolve_image({"manifest": str(m), "ref": None, "tarball": None,
+                                                    "engine": "sglang"}, [])
+    assert (ref, image_id) == ("pdstack/sglang:0123456789abcdef", "sha256:ab")
+    assert Path(tarball).is_absolute() and tarball.endswith("build/images/prod.tar")
