@@ -16,8 +16,6 @@ into build/wheels/<set>-<hash>/ and installed in the image with --no-index.
 from __future__ import annotations
 
 import collections
-import contextlib
-import fcntl
 import gzip
 import hashlib
 import json
@@ -34,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pdstack.errors import PdstackError
+from pdstack.locks import exclusive
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "images"
@@ -223,21 +222,9 @@ def image_exists(c, ref: str) -> bool:
         return False
 
 
-@contextlib.contextmanager
-def _lock(name: str) -> Iterator[None]:
+def _lock(name: str):
     """One build of `name` at a time on this machine (engineers and CI share one engine)."""
-    LOCK_DIR.mkdir(parents=True, exist_ok=True)
-    path = LOCK_DIR / f"pdstack-build-{name}.lock"
-    with open(path, "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            echo(f"another build holds {path}; waiting for it")
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    return exclusive(LOCK_DIR / f"pdstack-build-{name}.lock", "build", echo)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -14,7 +14,6 @@ No registry is reachable here: nothing is ever pulled.
 from __future__ import annotations
 
 import collections
-import fcntl
 import hashlib
 import json
 import os
@@ -24,11 +23,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from pdstack.errors import PdstackError
+from pdstack.locks import exclusive
 
 LABEL = "io.pdstack.testhost"
 BASE_LABEL = "io.pdstack.testhost.base"
@@ -188,20 +187,9 @@ def _image_exists(c, tag: str) -> bool:
         return False
 
 
-@contextmanager
-def _build_lock() -> Iterator[None]:
-    """One build at a time on this machine (several engineers/CI jobs share one engine)."""
-    LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
-    with open(LOCK_PATH, "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            echo(f"another base image build holds {LOCK_PATH}; waiting for it")
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+def _build_lock():
+    """One base image build at a time on this machine (several engineers/CI jobs share one engine)."""
+    return exclusive(LOCK_PATH, "base image build", echo)
 
 
 def ensure_base_image() -> str:
