@@ -206,7 +206,9 @@ def test_completions_flow_and_a_burst_is_refused_fast(one_host, hosts):
     assert codes.count(200) >= 8, codes
     assert len(refused) >= 150, sorted(set(codes))
     assert all(c in (200, 429, 408) for c in codes), sorted(set(codes))
-    assert sorted(t for c, t in results if c == 429)[len(refused) // 2] < 5  # refused fast, not queued
+    # refused fast, not queued: sglang-router 0.3.2 answers most of the overflow with 408 within ~0.2 s here
+    # (FACTS.md says 429 for a full queue; either is a fast refusal)
+    assert sorted(refused)[len(refused) // 2] < 5, sorted(refused)[len(refused) // 2]
     assert wall < 60, wall
     code, body = completion(router)  # serves normally right after
     assert code == 200, body
