@@ -58,7 +58,7 @@ def sim_image():
 def hosts(sim_image):
     from pdstack import testhost
     testhost.down(prefix=PREFIX)  # a previous run killed mid-way leaves nothing behind
-    names = testhost.up(count=3, prefix=PREFIX)
+    testhost.up(count=3, prefix=PREFIX)
     try:
         yield {row["name"]: row["ip"] for row in testhost.status(PREFIX)}
     finally:
