@@ -185,6 +185,26 @@ def test_units_run_exactly_the_plan(one_host):
     assert r.returncode == 0, r.stderr
 
 
+def test_prometheus_on_the_monitoring_host_scrapes_every_target(one_host, hosts):
+    base = f"http://{hosts['pdstack-test-1']}:9090/api/v1"
+    end = time.monotonic() + 60
+    while True:  # a target's first scrape can lag the deploy by one interval
+        with urllib.request.urlopen(f"{base}/targets", timeout=10) as r:
+            targets = json.load(r)["data"]["activeTargets"]
+        health = {(t["labels"]["job"], t["scrapeUrl"]): t["health"] for t in targets}
+        if all(h == "up" for h in health.values()) or time.monotonic() > end:
+            break
+        time.sleep(3)
+    assert health == {("node", "http://pdstack-test-1:9100/metrics"): "up",
+                      ("prometheus", "http://127.0.0.1:9090/metrics"): "up",
+                      ("sglang", "http://pdstack-test-1:30000/metrics"): "up",
+                      ("sglang", "http://pdstack-test-1:30001/metrics"): "up",
+                      ("sglang-router", "http://pdstack-test-1:29000/metrics"): "up"}, health
+    with urllib.request.urlopen(f"{base}/rules", timeout=10) as r:
+        groups = {g["name"] for g in json.load(r)["data"]["groups"]}
+    assert {"pdstack.serving", "pdstack.router", "pdstack.hosts", "pdstack.recording"} <= groups
+
+
 def test_completions_flow_and_a_burst_is_refused_fast(one_host, hosts):
     router = f"http://{hosts['pdstack-test-1']}:8000"
     code, body = completion(router)
