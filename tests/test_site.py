@@ -271,6 +271,36 @@ def test_watchdog_unwedges_decode_while_health_says_200(one_host, hosts):
     assert "pdstack-server-decode-0" in journal
 
 
+def test_a_new_image_rolls_out_and_rollback_returns_to_the_previous(one_host, sim_image, tmp_path):
+    # a second image: the same content under another tag, saved as its own tarball (the image phase loads it)
+    other = "pdstack/sim:rollback-test"
+    subprocess.run(["docker", "tag", sim_image["tag"], other], check=True, timeout=60)
+    tar = tmp_path / "other.tar"
+    subprocess.run(["docker", "save", "-o", str(tar), other], check=True, timeout=300)
+    digest = subprocess.run(["sha256sum", str(tar)], capture_output=True, text=True, check=True).stdout.split()[0]
+    (tmp_path / "other.tar.sha256").write_text(f"{digest}  other.tar\n")
+    new = json.dumps({"pdstack_image": {"ref": other, "tarball": str(tar), "engine": "sim"}})
+    r = playbook(ONE, "-e", new)
+    assert r.returncode == 0, r.stdout[-4000:]
+
+    def running_images():
+        return {c: json.loads(sh("pdstack-test-1", "docker", "inspect", c).stdout)[0]["Config"]["Image"]
+                for c in ("pdstack-prefill-0", "pdstack-decode-0", "pdstack-router")}
+
+    assert set(running_images().values()) == {other}
+    record = json.loads(host_file("pdstack-test-1", "/etc/pdstack/images.json"))
+    assert record == {"current": other, "previous": sim_image["tag"]}
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
+    rb = subprocess.run([str(BIN / "ansible-playbook"), "playbooks/rollback.yml", "-i", str(ONE)], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=900)
+    assert rb.returncode == 0, rb.stdout[-4000:]
+    assert set(running_images().values()) == {sim_image["tag"]}
+    assert json.loads(host_file("pdstack-test-1", "/etc/pdstack/images.json"))["current"] == sim_image["tag"]
+    back = playbook(ONE)  # the plan's image again
+    assert back.returncode == 0, back.stdout[-4000:]
+    assert set(running_images().values()) == {sim_image["tag"]}
+
+
 def test_fp8_index_keys_fail_the_recall_gate_then_bf16_passes(one_host):
     model = yaml.safe_load((ROOT / "inventory/test/common/group_vars/all/model.yml").read_text())["pdstack_model"]
     fp8 = json.dumps({"pdstack_model": {**model, "index_k_dtype": "fp8"}})
