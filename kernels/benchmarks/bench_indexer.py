@@ -37,6 +37,7 @@ TOPK_CONFIGS = [
     dict(block=2048),
     dict(block=4096),
     dict(programs_per_row=1),  # the previous one-program-per-row kernel
+    dict(backend="cuda"),  # one-launch CUDA radix select (csrc/topk512.cu)
 ]
 
 
@@ -143,11 +144,11 @@ def run_case(timer: Timer, copy_gbs: float, bsz: int, n: int) -> dict:
     for tcfg in TOPK_CONFIGS:
         try:
             raw = torch.empty(bsz, 512, dtype=torch.int32, device="cuda")
-            topk_transform_512(logits, sl, pt, out_raw_indices=raw, backend="triton", **tcfg)
+            topk_transform_512(logits, sl, pt, out_raw_indices=raw, **{"backend": "triton", **tcfg})
             got = torch.sort(torch.gather(logits, 1, raw.long()), dim=1, descending=True).values
             ok = bool(torch.equal(got, ref_vals))
-            t = timer(lambda tcfg=tcfg: topk_transform_512(logits, sl, pt, backend="triton", **tcfg))
-            tg = timer.graph(lambda tcfg=tcfg: topk_transform_512(logits, sl, pt, backend="triton", **tcfg))
+            t = timer(lambda tcfg=tcfg: topk_transform_512(logits, sl, pt, **{"backend": "triton", **tcfg}))
+            tg = timer.graph(lambda tcfg=tcfg: topk_transform_512(logits, sl, pt, **{"backend": "triton", **tcfg}))
         except Exception as exc:  # a config that fails to build or run is recorded, not fatal
             res.setdefault("errors", []).append(f"topk {tcfg}: {exc!r}"[:500])
             continue
@@ -160,13 +161,19 @@ def run_case(timer: Timer, copy_gbs: float, bsz: int, n: int) -> dict:
     res["topk_pct_of_logits"] = 100 * res["topk_us"] / us
     res["topk_default_us"], _ = res["topk_us_by_cfg"]["{}"]
     res["topk_default_graph_us"] = res["topk_graph_us_by_cfg"]["{}"]
+    cuda_key = str(dict(backend="cuda"))
+    if cuda_key in res["topk_graph_us_by_cfg"]:
+        res["topk_cuda_us"], res["topk_cuda_exact"] = res["topk_us_by_cfg"][cuda_key]
+        res["topk_cuda_graph_us"] = res["topk_graph_us_by_cfg"][cuda_key]
     tcfg = tbest[1] if tbest else {}
     res["logits_graph_us"] = timer.graph(lambda: paged_mqa_logits_bf16(q, kv, w, sl, pt, n, **cfg))
     res["topk_graph_pct_of_logits_graph"] = 100 * res["topk_graph_us"] / res["logits_graph_us"]
+    if "topk_cuda_graph_us" in res:
+        res["topk_cuda_graph_pct_of_logits_graph"] = 100 * res["topk_cuda_graph_us"] / res["logits_graph_us"]
 
     def both():
         lg = paged_mqa_logits_bf16(q, kv, w, sl, pt, n, **cfg)
-        return topk_transform_512(lg, sl, pt, backend="triton", **tcfg)
+        return topk_transform_512(lg, sl, pt, **{"backend": "triton", **tcfg})
 
     res["pipeline_us"] = timer(both)
     res["pipeline_graph_us"] = timer.graph(both)
@@ -194,7 +201,7 @@ def main(argv=None) -> int:
     hdr = (f"{'B':>3} {'N':>6} {'keyMiB':>7} {'logits_us':>9} {'GB/s':>6} {'%copy':>6} {'extraMiB':>8} "
            f"{'outMiB':>6} {'torch_us':>8} {'speedup':>7} {'top512_us':>9} {'%logits':>7} "
            f"{'torch.topk_us':>13} {'lg_graph':>8} {'tk_graph':>8} {'%lg_g':>6} {'pipe_us':>7} "
-           f"{'pipe_g':>7}")  # fmt: skip
+           f"{'pipe_g':>7} {'cuda_g':>7} {'%lg_cu':>6}")  # fmt: skip
     print(hdr, flush=True)
     for bsz in args.batch:
         for n in args.n:
@@ -211,7 +218,8 @@ def main(argv=None) -> int:
                   f"{r['speedup']:>6.1f}x {r['topk_us']:>9.1f} {r['topk_pct_of_logits']:>6.1f}% "
                   f"{r['torch_topk_us']:>13.1f} {r['logits_graph_us']:>8.1f} {r['topk_graph_us']:>8.1f} "
                   f"{r['topk_graph_pct_of_logits_graph']:>5.1f}% {r['pipeline_us']:>7.1f} "
-                  f"{r['pipeline_graph_us']:>7.1f}"
+                  f"{r['pipeline_graph_us']:>7.1f} {r.get('topk_cuda_graph_us', float('nan')):>7.1f} "
+                  f"{r.get('topk_cuda_graph_pct_of_logits_graph', float('nan')):>5.1f}%"
                   f"  lg={r['logits_cfg']} tk={r['topk_cfg']}", flush=True)  # fmt: skip
     if args.json:
         doc = {"device": props.name, "copy_GBps": copy_gbs, "floor": floor, "rows": rows}

@@ -2,7 +2,7 @@
 
     python -m pdstack_kernels.build [--arch sm_120a --arch sm_90a] [--out DIR]
 
-The library is loaded with ctypes by :mod:`pdstack_kernels.store`.
+The library is loaded with ctypes by :mod:`pdstack_kernels.store` (store and ``topk_transform_512(backend="cuda")``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 KERNELS_ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("index_k_store_bf16.cu",)
+SOURCES = ("index_k_store_bf16.cu", "topk512.cu")
 LIB_NAME = "libpdstack_kernels.so"
 
 
@@ -109,8 +109,12 @@ def nvcc_flags(archs: Sequence[str] | None = None, nvcc: str | None = None) -> l
     ]
 
 
-def build(archs: Sequence[str] | None = None, out_dir: str | os.PathLike[str] = DEFAULT_OUT_DIR) -> Path:
-    """Compile kernels/csrc into ``out_dir/libpdstack_kernels.so`` and return its path.
+def build(
+    archs: Sequence[str] | None = None,
+    out_dir: str | os.PathLike[str] = DEFAULT_OUT_DIR,
+    sources: Sequence[str] = SOURCES,
+) -> Path:
+    """Compile kernels/csrc (``sources``, default all) into ``out_dir/libpdstack_kernels.so``; return its path.
 
     ptxas' resource report (registers, spills) goes to ``out_dir/ptxas.log``;
     a spill or local-memory warning fails the build.
@@ -121,7 +125,7 @@ def build(archs: Sequence[str] | None = None, out_dir: str | os.PathLike[str] = 
     out.mkdir(parents=True, exist_ok=True)
     lib = out / LIB_NAME
     tmp = out / (LIB_NAME + ".tmp")
-    cmd = [nvcc, *flags, *(str(CSRC / s) for s in SOURCES), "-o", str(tmp)]
+    cmd = [nvcc, *flags, *(str(CSRC / s) for s in sources), "-o", str(tmp)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     (out / "ptxas.log").write_text(" ".join(cmd) + "\n" + log)

@@ -16,6 +16,10 @@ Two exact Triton radix selects, neither sorts nor allocates [B, N] temporaries:
   once. A last launch writes: keys above the prefix get output slots from a per-row atomic counter, keys
   equal to it from a second counter, kept while their rank < the remaining k (ties: arbitrary, exact count).
 - single (``programs_per_row=1``): the previous one-program-per-row kernel (all passes in one launch).
+
+And one CUDA kernel (``backend="cuda"``, kernels/csrc/topk512.cu, ctypes): one launch, one 1024-thread CTA per
+row, 11-bit then 8-bit radix passes over keys staged in shared memory (or over the threshold bucket's
+candidates compacted there for rows too long to stage).
 """
 
 from __future__ import annotations
@@ -295,13 +299,18 @@ def topk_transform_512(
     num_warps: int | None = None,
     onehot: bool = False,
     programs_per_row: int | None = None,
+    max_staged: int | None = None,
+    max_cand: int | None = None,
 ) -> torch.Tensor:
     """Top-``topk`` positions of each row of ``logits`` as physical KV slots, [B, topk] int32 (returned).
 
     logits [B, W] float32 (unit stride in W), seq_lens [B] int32 (values above W are clamped to W),
     page_table [B, P] int32. ``out_page_indices`` / ``out_raw_indices`` ([B, topk] int32, contiguous) are
     written in place when given (upstream's calling convention). backend: "triton" (GPU; CPU under
-    TRITON_INTERPRET=1), "torch" (torch.topk fallback), or "auto" (triton on CUDA, torch otherwise).
+    TRITON_INTERPRET=1), "cuda" (one-launch CUDA radix select, csrc/topk512.cu; ``max_staged`` / ``max_cand``
+    cap the keys staged / candidates kept in shared memory, for tests), "torch" (torch.topk fallback), or
+    "auto" (on CUDA: "cuda" when W fits its shared-memory staging or B >= 16, else "triton"; "triton" too
+    where the CUDA library cannot be loaded; "torch" on CPU).
     Triton paths (kernels/BENCHMARKS.md): for W > 4096, or when ``block`` or ``programs_per_row`` > 1 is given,
     the split select (``block``-element segments, one program each; ``block`` from the grid size unless given,
     or ``cdiv(W, programs_per_row)`` rounded up to a power of two; ``radix_bits`` 8). For W <= 4096, or
@@ -330,10 +339,13 @@ def topk_transform_512(
         check_tensor("out_raw_indices", out_raw_indices, dtype=torch.int32, shape=(bsz, topk), device=dev,
                      contiguous=True)
     if backend == "auto":
-        backend = "triton" if dev.type == "cuda" else "torch"
+        backend = _auto_backend(dev, bsz, width)
     if bsz == 0:
         return out_page_indices
-    if backend == "torch":
+    if backend == "cuda":
+        _topk_cuda(logits, seq_lens, page_table, out_page_indices, out_raw_indices, page_size, topk, max_staged,
+                   max_cand)
+    elif backend == "torch":
         _topk_transform_torch(logits, seq_lens, page_table, out_page_indices, page_size, out_raw_indices, topk)
     elif backend == "triton":
         if radix_bits is not None and radix_bits not in (4, 8, 11):
@@ -358,8 +370,60 @@ def topk_transform_512(
             _topk_split(logits, seq_lens, page_table, out_page_indices, raw_arg, out_raw_indices is not None,
                         page_bits, topk, block, radix_bits or 8, num_warps, programs_per_row)
     else:
-        raise KernelArgError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+        raise KernelArgError(f"backend must be 'auto', 'triton', 'cuda' or 'torch', got {backend!r}")
     return out_page_indices
+
+
+# "auto" on a CUDA device (kernels/BENCHMARKS.md, run 6 on an H200): the one-launch CUDA kernel where it measured
+# faster than the split Triton select: rows that fit in its shared-memory staging (<= ~54K floats on an H200;
+# 4K-16K: 1.4-1.8x faster), or long rows with a batch of >= 16 (32 x 64K: 37 vs 64 us). Long rows with few
+# of them (1-8 x 64K) stay on the split select, which spreads a row over many SMs (23 vs 27 us, 29 vs 36 us).
+# Triton also where the CUDA library cannot be built or loaded (no nvcc, say).
+CUDA_AUTO_MIN_BATCH_UNSTAGED = 16
+_STATIC_SMEM_MARGIN = 16 << 10  # the kernel's static shared memory (8.2 KiB) and slack
+_cuda_lib_ok: bool | None = None
+
+
+def _auto_backend(dev: torch.device, bsz: int, width: int) -> str:
+    global _cuda_lib_ok
+    if dev.type != "cuda":
+        return "torch"
+    optin = getattr(torch.cuda.get_device_properties(dev), "shared_memory_per_block_optin", 49152)
+    staged = 4 * width <= optin - _STATIC_SMEM_MARGIN
+    if not (staged or bsz >= CUDA_AUTO_MIN_BATCH_UNSTAGED):
+        return "triton"
+    if _cuda_lib_ok is None:
+        from .build import BuildError
+        from .store import load_library
+
+        try:
+            load_library()
+            _cuda_lib_ok = True
+        except (BuildError, OSError, RuntimeError):
+            _cuda_lib_ok = False
+    return "cuda" if _cuda_lib_ok else "triton"
+
+
+def _topk_cuda(logits, seq_lens, page_table, out, raw, page_size, topk, max_staged, max_cand):
+    from .store import load_library  # the CUDA library is shared with the store kernel
+
+    dev = logits.device
+    if dev.type != "cuda":
+        raise KernelArgError(f"backend='cuda' needs logits on a CUDA device, got {dev}")
+    bsz, width = logits.shape
+    if bsz >= 2**31 or width >= 2**31:
+        raise KernelArgError(f"logits too large for the CUDA kernel: {tuple(logits.shape)}")
+    lib = load_library()
+    with torch.cuda.device(dev):
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        err = lib.pdstack_topk_transform(
+            logits.data_ptr(), seq_lens.data_ptr(), page_table.data_ptr(), out.data_ptr(),
+            raw.data_ptr() if raw is not None else None, logits.stride(0), page_table.stride(0), bsz, width,
+            topk, page_size.bit_length() - 1, -1 if max_staged is None else int(max_staged),
+            -1 if max_cand is None else int(max_cand), stream,
+        )  # fmt: skip
+    if err != 0:
+        raise RuntimeError(f"pdstack_topk_transform failed: cudaError {err}")
 
 
 def _topk_split(logits, seq_lens, page_table, out, raw, has_raw, page_bits, topk, block, radix_bits, num_warps,
