@@ -84,6 +84,12 @@ def sh(host: str, *cmd: str, timeout: int = 60) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", "exec", host, *cmd], capture_output=True, text=True, timeout=timeout)
 
 
+def container_id(host: str, name: str) -> str | None:
+    """The container's id, or None while it does not exist (between a stop and systemd's restart)."""
+    r = sh(host, "docker", "inspect", "--format", "{{.Id}}", name)
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
 def host_file(host: str, path: str) -> str | None:
     r = sh(host, "cat", path)
     return r.stdout if r.returncode == 0 else None
@@ -236,11 +242,11 @@ def test_completions_flow_and_a_burst_is_refused_fast(one_host, hosts):
 
 def test_killed_decode_comes_back_under_systemd(one_host, hosts):
     router = f"http://{hosts['pdstack-test-1']}:8000"
-    before = json.loads(sh("pdstack-test-1", "docker", "inspect", "pdstack-decode-0").stdout)[0]["Id"]
+    before = container_id("pdstack-test-1", "pdstack-decode-0")
     assert sh("pdstack-test-1", "docker", "kill", "pdstack-decode-0").returncode == 0
     code, body = wait_serving(router, 120)
     assert code == 200, body
-    after = json.loads(sh("pdstack-test-1", "docker", "inspect", "pdstack-decode-0").stdout)[0]["Id"]
+    after = container_id("pdstack-test-1", "pdstack-decode-0")
     assert after != before  # a new container, started by systemd's Restart=on-failure
     journal = sh("pdstack-test-1", "journalctl", "-u", "pdstack-server-decode-0", "--no-pager").stdout
     assert "Scheduled restart job" in journal
@@ -250,7 +256,7 @@ def test_watchdog_unwedges_decode_while_health_says_200(one_host, hosts):
     router = f"http://{hosts['pdstack-test-1']}:8000"
     decode = f"http://{hosts['pdstack-test-1']}:30001"
     wait_serving(router, 60)
-    before = json.loads(sh("pdstack-test-1", "docker", "inspect", "pdstack-decode-0").stdout)[0]["Id"]
+    before = container_id("pdstack-test-1", "pdstack-decode-0")
     code, body = post(f"{decode}/_sim/fault", {"wedge_decode": True})
     assert code == 200, body
     with urllib.request.urlopen(f"{decode}/health", timeout=10) as r:
@@ -258,7 +264,7 @@ def test_watchdog_unwedges_decode_while_health_says_200(one_host, hosts):
     # inventory/test: probe every 5 s, 2 failures before a restart, 5 s first-token deadline
     end = time.monotonic() + 150
     while time.monotonic() < end:
-        cur = json.loads(sh("pdstack-test-1", "docker", "inspect", "pdstack-decode-0").stdout or "[{}]")[0].get("Id")
+        cur = container_id("pdstack-test-1", "pdstack-decode-0")
         if cur and cur != before:
             break
         time.sleep(3)
