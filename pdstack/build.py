@@ -371,19 +371,8 @@ def ensure_pybase(c=None) -> str:
         t0 = time.monotonic()
         root = Path(tempfile.mkdtemp(prefix="pdstack-pybase-rootfs-", dir="/var/tmp"))
         try:
-            cmd = [testhost._debootstrap_bin() or "debootstrap", f"--variant={PYBASE_RECIPE['variant']}",
-                   f"--include={','.join(PYBASE_RECIPE['include'])}", PYBASE_RECIPE["suite"], str(root),
-                   testhost.MIRROR]
-            echo(f"python base: {' '.join(cmd)} (about a minute)")
-            progress = testhost._DebootstrapProgress()
-            tail: collections.deque[str] = collections.deque(maxlen=30)
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                tail.append(line.rstrip())
-                progress.feed(line)
-            rc = proc.wait()
-            progress.render(final=True)
+            rc, tail = testhost.run_debootstrap(PYBASE_RECIPE["variant"], PYBASE_RECIPE["include"],
+                                                PYBASE_RECIPE["suite"], root, "the python base")
             if rc != 0:
                 raise BuildError(f"debootstrap failed (exit {rc}):\n" + "\n".join(tail) +
                                  f"\nFix: check that {testhost.MIRROR} is reachable (PDSTACK_DEBIAN_MIRROR)")

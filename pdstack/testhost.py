@@ -310,16 +310,11 @@ class _DebootstrapProgress:
             self.last_print, self.last_phase_printed = now, self.phase
 
 
-def _debootstrap(root: Path) -> None:
-    cmd = [
-        _debootstrap_bin() or "debootstrap",
-        f"--variant={VARIANT}",
-        f"--include={','.join(INCLUDE)}",
-        SUITE,
-        str(root),
-        MIRROR,
-    ]
-    echo(f"building the test host base image: {' '.join(cmd)} (about a minute)")
+def run_debootstrap(variant: str, include: list[str], suite: str, root: Path, what: str) -> tuple[int, list[str]]:
+    """debootstrap into `root` with a progress line; (exit code, last lines of its output)."""
+    cmd = [_debootstrap_bin() or "debootstrap", f"--variant={variant}", f"--include={','.join(include)}", suite,
+           str(root), MIRROR]
+    echo(f"building {what}: {' '.join(cmd)} (about a minute)")
     progress = _DebootstrapProgress()
     tail: collections.deque[str] = collections.deque(maxlen=40)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
@@ -329,6 +324,11 @@ def _debootstrap(root: Path) -> None:
         progress.feed(line)
     rc = proc.wait()
     progress.render(final=True)
+    return rc, list(tail)
+
+
+def _debootstrap(root: Path) -> None:
+    rc, tail = run_debootstrap(VARIANT, INCLUDE, SUITE, root, "the test host base image")
     if rc != 0:
         log = root / "debootstrap" / "debootstrap.log"
         raise TesthostError(
