@@ -309,7 +309,7 @@ def build_deployment(hostvars: dict[str, dict[str, Any]], groups: dict[str, list
             problems.append(f"{key}: differs between hosts; set it once in group_vars/all, not per host")
         top[key] = validate_field(f, first.get(key), key, problems, key in first)
     # unknown pdstack_* variables are almost always typos
-    known = set(TOP_LEVEL) | set(HOST_LEVEL) | {"pdstack_smoke", "pdstack_monitoring", "pdstack_sim_gpus"}
+    known = set(TOP_LEVEL) | set(HOST_LEVEL) | {"pdstack_sim_gpus"}  # sim GPUs: read by the facts role only
     for name, hv in hostvars.items():
         for k in hv:
             if k.startswith("pdstack_") and k not in known:
