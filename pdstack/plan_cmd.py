@@ -10,10 +10,15 @@ from pdstack import inventory, planner
 from pdstack.errors import InventoryError
 
 
-def register(parser: argparse.ArgumentParser) -> None:
+def add_inventory_args(parser: argparse.ArgumentParser) -> None:
+    """-i and --vars: where the deployment's variables come from (shared by plan and preflight)."""
     parser.add_argument("-i", "--inventory", required=True, help="inventory directory, e.g. inventory/production")
     parser.add_argument("--vars", help="use these resolved variables (JSON the preflight role writes, extra vars "
                         "included) instead of reading the inventory's files")
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    add_inventory_args(parser)
     parser.add_argument("--host", help="only this host's servers")
     parser.add_argument("--json", action="store_true", help="print JSON (for machines) instead of text")
     parser.add_argument("--facts", help="host facts: a recorded JSON file (one host's, applied to every host, or "

@@ -10,13 +10,11 @@ import argparse
 
 from pdstack import inventory, planner, preflight
 from pdstack.errors import InventoryError
-from pdstack.plan_cmd import facts_path
+from pdstack.plan_cmd import add_inventory_args, facts_path
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-i", "--inventory", required=True, help="inventory directory, e.g. inventory/production")
-    parser.add_argument("--vars", help="use these resolved variables (JSON the preflight role writes, extra vars "
-                        "included) instead of reading the inventory's files")
+    add_inventory_args(parser)
     parser.add_argument("--facts", help="host facts (see `pdstack plan --help`); without them only static checks run")
     parser.add_argument("--static", action="store_true", help="only the static checks, even if facts exist")
 
