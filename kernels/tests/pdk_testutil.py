@@ -35,3 +35,17 @@ def make_paged_case(seq_lens: list[int], heads: int, device, *, extra_pages: int
     w = torch.rand(bsz, heads, device=device) / heads**0.5
     sl = torch.tensor(seq_lens, dtype=torch.int32, device=device)
     return q, kv, w, sl, pt, max_seq_len
+
+
+def cuobjdump() -> str | None:
+    """CUDA's cuobjdump, or the copy bundled with Triton (CUDA's toolkit is not installed here)."""
+    import shutil
+    from pathlib import Path
+
+    exe = shutil.which("cuobjdump")
+    if exe:
+        return exe
+    import triton
+
+    cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(cand) if cand.exists() else None

@@ -7,22 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from pdk_testutil import requires_cuda
+from pdk_testutil import cuobjdump, requires_cuda
 from pdstack_kernels import KernelArgError, index_k_store_bf16
 from pdstack_kernels import build as B
 from pdstack_kernels import reference as R
 
 HAS_NVCC = shutil.which("nvcc") is not None or Path("/usr/local/bin/nvcc").exists()
-
-
-def _cuobjdump() -> str | None:
-    exe = shutil.which("cuobjdump")
-    if exe:
-        return exe
-    import triton
-
-    cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return str(cand) if cand.exists() else None
 
 
 # ----------------------------------------------------------------------------- build (CPU)
@@ -57,7 +47,7 @@ def test_build_sm120a_cubin_arch(tmp_path):
     assert lib.exists() and lib.stat().st_size > 0
     log = (tmp_path / "ptxas.log").read_text()
     assert "0 bytes spill stores" in log and "sm_120a" in log
-    tool = _cuobjdump()
+    tool = cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump (CUDA or triton's bundled one)")
     out = subprocess.run([tool, "--list-elf", str(lib)], capture_output=True, text=True, check=True).stdout

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from pdk_testutil import requires_cuda
+from pdk_testutil import cuobjdump, requires_cuda
 from pdstack_kernels import KernelArgError, topk_transform_512
 from pdstack_kernels import build as B
 from pdstack_kernels import reference as R
@@ -188,16 +188,6 @@ def test_topk_cuda_needs_a_cuda_tensor():
         topk_transform_512(logits, sl, pt, backend="cuda")
 
 
-def _cuobjdump() -> str | None:
-    exe = shutil.which("cuobjdump")
-    if exe:
-        return exe
-    import triton
-
-    cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return str(cand) if cand.exists() else None
-
-
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed")
 def test_build_topk512_sm120a_cubin_arch(tmp_path):
     """csrc/topk512.cu alone compiles for sm_120a without spills; its ELF is sm_120a; the launcher is exported."""
@@ -206,7 +196,7 @@ def test_build_topk512_sm120a_cubin_arch(tmp_path):
     assert "topk_transform_kernel" in log and "0 bytes spill stores" in log and "sm_120a" in log
     syms = subprocess.run(["nm", "-D", str(lib)], capture_output=True, text=True).stdout
     assert "pdstack_topk_transform" in syms
-    tool = _cuobjdump()
+    tool = cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump (CUDA or triton's bundled one)")
     out = subprocess.run([tool, "--list-elf", str(lib)], capture_output=True, text=True, check=True).stdout
