@@ -31,8 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pdstack.controller.locks import exclusive
 from pdstack.errors import PdstackError
-from pdstack.locks import exclusive
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "images"
@@ -150,15 +150,17 @@ def _rel(p: Path) -> str:
 
 
 def _input_files(flavor: str, series_dir: Path) -> dict[str, Path]:
-    from pdstack.patches import read_series
+    from pdstack.image.patches import read_series
 
     if flavor == "prod":
         files = {
             "images/prod/Dockerfile": IMAGES / "prod" / "Dockerfile",
             "images/prod/jit_aot.py": IMAGES / "prod" / "jit_aot.py",
             "kernels/pyproject.toml": ROOT / "kernels" / "pyproject.toml",
-            "pdstack/patches.py": ROOT / "pdstack" / "patches.py",
+            "pdstack/__init__.py": ROOT / "pdstack" / "__init__.py",
             "pdstack/errors.py": ROOT / "pdstack" / "errors.py",
+            "pdstack/image/__init__.py": ROOT / "pdstack" / "image" / "__init__.py",
+            "pdstack/image/patches.py": ROOT / "pdstack" / "image" / "patches.py",
         }
         files |= _tree(ROOT / "kernels" / "csrc")
         files |= _tree(ROOT / "kernels" / "pdstack_kernels")
@@ -179,7 +181,7 @@ def compute_inputs(flavor: str, base_ref: str, *, series_dir: Path | None = None
     series_dir = Path(series_dir or default_series_dir())
     files = {name: _sha256_file(p) for name, p in sorted(_input_files(flavor, series_dir).items())}
     if flavor == "prod":
-        from pdstack.patches import series_hash
+        from pdstack.image.patches import series_hash
 
         pins = {"sglang": sglang_version(), "cuda_archs": list(archs), "patch_series": series_dir.name,
                 "patch_series_sha256": series_hash(series_dir), "jit_aot": _jit_mode(base_ref)}
@@ -464,12 +466,12 @@ def resolve_base(c, flavor: str, base: str | None) -> str:
 
 
 def _prod_context(ctx: Path, series_dir: Path) -> None:
-    from pdstack.patches import read_series
+    from pdstack.image.patches import read_series
 
     shutil.copy2(IMAGES / "prod" / "Dockerfile", ctx / "Dockerfile")
-    (ctx / "tools" / "pdstack").mkdir(parents=True)
-    (ctx / "tools" / "pdstack" / "__init__.py").write_text("")
-    for f in ("patches.py", "errors.py"):
+    # Exactly what the image runs of pdstack (pdstack/image/__init__.py says so): the package root, errors, image/.
+    (ctx / "tools" / "pdstack" / "image").mkdir(parents=True)
+    for f in ("__init__.py", "errors.py", "image/__init__.py", "image/patches.py"):
         shutil.copy2(ROOT / "pdstack" / f, ctx / "tools" / "pdstack" / f)
     shutil.copy2(IMAGES / "prod" / "jit_aot.py", ctx / "tools" / "jit_aot.py")
     dst = ctx / "patches" / series_dir.name

@@ -16,15 +16,19 @@ from pdstack.errors import PdstackError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "plan": ("pdstack.plan_cmd", "resolve an inventory + host facts into the exact per-server plan"),
-    "preflight": ("pdstack.preflight_cmd", "validate an inventory (and host facts) without touching a host"),
-    "facts": ("pdstack.facts", "print this host's NUMA/GPU facts as JSON (what the facts.d script reports)"),
-    "recall": ("pdstack.recall", "needle-in-a-haystack recall over context lengths x depths through the router"),
-    "probe": ("pdstack.probe", "deep liveness: one streamed generation through prefill, KV transfer and decode"),
-    "bench": ("pdstack.bench", "C=1 decode tokens/s, TTFT and inter-token latency, a short concurrency sweep"),
-    "smoke": ("pdstack.smoke", "recall + probe + bench against a router: the deploy gate (JSON, heatmap, summary)"),
-    "watchdog": ("pdstack.watchdog", "probe on a timer; restart a wedged decode, then prefill, with backoff"),
-    "sim": ("pdstack.sim.cli", "TEST ENGINE: an SGLang-compatible PD worker simulator (never for production)"),
+    "plan": ("pdstack.controller.planner", "resolve an inventory + host facts into the exact per-server plan"),
+    "preflight": ("pdstack.controller.preflight", "validate an inventory (and host facts) without touching a host"),
+    "facts": ("pdstack.hostside.facts", "print this host's NUMA/GPU facts as JSON (what the facts.d script reports)"),
+    "recall": ("pdstack.controller.recall",
+               "needle-in-a-haystack recall over context lengths x depths through the router"),
+    "probe": ("pdstack.hostside.probe",
+              "deep liveness: one streamed generation through prefill, KV transfer and decode"),
+    "bench": ("pdstack.controller.bench",
+              "C=1 decode tokens/s, TTFT and inter-token latency, a short concurrency sweep"),
+    "smoke": ("pdstack.controller.smoke",
+              "recall + probe + bench against a router: the deploy gate (JSON, heatmap, summary)"),
+    "watchdog": ("pdstack.hostside.watchdog", "probe on a timer; restart a wedged decode, then prefill, with backoff"),
+    "sim": ("pdstack.testing.sim.cli", "TEST ENGINE: an SGLang-compatible PD worker simulator (never for production)"),
 }
 
 

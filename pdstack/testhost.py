@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pdstack.controller.locks import exclusive
 from pdstack.errors import PdstackError
-from pdstack.locks import exclusive
 
 LABEL = "io.pdstack.testhost"
 BASE_LABEL = "io.pdstack.testhost.base"

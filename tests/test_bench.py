@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pdstack import bench
+from pdstack.controller import bench
 
 
 def test_percentiles():

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from pdstack import build as b
-from pdstack.patches import read_series, series_hash
+from pdstack.image.patches import read_series, series_hash
 
 SERIES = b.default_series_dir()
 
@@ -55,7 +55,7 @@ def test_prod_inputs_cover_exactly_the_series_kernels_and_dockerfile(tmp_path):
     assert "images/prod/Dockerfile" in names
     assert "kernels/csrc/index_k_store_bf16.cu" in names
     assert "kernels/pdstack_kernels/build.py" in names
-    assert "pdstack/patches.py" in names
+    assert "pdstack/image/patches.py" in names
     listed = {p.name for p in read_series(series)}
     assert {Path(n).name for n in names if n.endswith(".patch")} == listed
     assert not any(n.endswith(".patch.new") for n in names)
@@ -79,7 +79,7 @@ def test_tag_changes_with_every_kind_of_input(tmp_path):
     assert len(tags) == 4
     sim = b.compute_inputs("sim", "pdstack/pybase:x", wheels={"a-1-py3-none-any.whl": "00"})
     assert sim["sha256"] != b.compute_inputs("sim", "pdstack/pybase:x", wheels={"a-2-py3-none-any.whl": "00"})["sha256"]
-    assert "pdstack/sim/server.py" in sim["files"] and "images/sim/Dockerfile" in sim["files"]
+    assert "pdstack/testing/sim/server.py" in sim["files"] and "images/sim/Dockerfile" in sim["files"]
 
 
 def test_offline_base_uses_auto_jit_mode():

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pdstack import facts
+from pdstack.hostside import facts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +70,7 @@ def test_simulated_gpus_only_without_real_ones(tmp_path, monkeypatch):
 def test_script_runs_standalone_with_system_python_and_prints_json():
     # it is installed as /etc/ansible/facts.d/pdstack.fact and run by the host's python3, outside any venv
     script = ROOT / "roles" / "facts" / "files" / "pdstack.fact"
-    assert script.resolve() == (ROOT / "pdstack" / "facts.py").resolve()
+    assert script.resolve() == (ROOT / "pdstack" / "hostside" / "facts.py").resolve()
     out = subprocess.run(["/usr/bin/python3", "-I", str(script), "--simulate-gpus", "2"], capture_output=True,
                          text=True, timeout=60, cwd="/")
     assert out.returncode == 0, out.stderr

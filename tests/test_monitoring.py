@@ -12,9 +12,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdstack import inventory, planner
-from pdstack.facts import parse_cpulist
-from pdstack.monitoring import dashboards, scrape
+from pdstack.controller import inventory, planner
+from pdstack.controller.monitoring import dashboards, scrape
+from pdstack.hostside.facts import parse_cpulist
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "monitoring" / "rules" / "pdstack.rules.yml"
@@ -62,10 +62,10 @@ def test_alerts_named_in_the_issue_exist():
 @pytest.mark.parametrize("d", dashboards.DASHBOARDS, ids=lambda d: d.uid)
 def test_committed_dashboard_json_is_the_generators_output(d):
     path = dashboards.DASHBOARD_DIR / f"{d.uid}.json"
-    assert path.exists(), f"{path} missing: run python -m pdstack.monitoring dashboards"
+    assert path.exists(), f"{path} missing: run python -m pdstack.controller.monitoring dashboards"
     assert path.read_text() == dashboards.render(d), (
-        f"{path} differs from the generator (pdstack/monitoring/dashboards.py): run python -m pdstack.monitoring "
-        "dashboards and commit the JSON")
+        f"{path} differs from the generator (pdstack/controller/monitoring/dashboards.py): run "
+        "python -m pdstack.controller.monitoring dashboards and commit the JSON")
 
 
 def test_no_stray_dashboard_json():

@@ -1,7 +1,7 @@
 """Every dashboard query returns series from a real Prometheus (slow; CI runs it).
 
-Prometheus 2.42 (Debian) scrapes, every second, with the scrape config pdstack.monitoring generates: a sim prefill
-and a sim decode (the TEST ENGINE, SGLang's metric names), the real sglang-router 0.3.2 in front of them (with
+Prometheus 2.42 (Debian) scrapes, every second, with the scrape config pdstack.controller.monitoring generates: a sim
+prefill and a sim decode (the TEST ENGINE, SGLang's metric names), the real sglang-router 0.3.2 in front of them (with
 admission limits small enough that a burst gets 408/429), node_exporter 1.5 (NUMA meminfo + pdstack's textfile
 metrics), and a static server that replays the recorded dcgm-exporter sample (monitoring/recorded/; written by hand,
 no GPU here). It loads monitoring/rules/pdstack.rules.yml, so the dashboards' recording rules are evaluated too.
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdstack import facts as host_facts
-from pdstack.monitoring import dashboards, queries, scrape
-from pdstack.sim.launch import LOCALHOST, ManagedProcess, RouterProcess, SimProcess, free_port, http_post_json
+from pdstack.controller.monitoring import dashboards, queries, scrape
+from pdstack.hostside import facts as host_facts
+from pdstack.testing.sim.launch import LOCALHOST, ManagedProcess, RouterProcess, SimProcess, free_port, http_post_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "monitoring" / "rules" / "pdstack.rules.yml"

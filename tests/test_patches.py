@@ -1,4 +1,4 @@
-"""The sglang 0.5.23 bf16 index-K patch series (kernels/patches/sglang-0.5.23) and pdstack.patches.
+"""The sglang 0.5.23 bf16 index-K patch series (kernels/patches/sglang-0.5.23) and pdstack.image.patches.
 
 The series is applied to a pristine copy of the files it touches (copied from the installed wheel and checked
 against the wheel's RECORD hashes), never to the venv's own sglang.
@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from pdstack.errors import PdstackError
-from pdstack.patches import PatchError, apply_series, read_series, series_hash
+from pdstack.image.patches import PatchError, apply_series, read_series, series_hash
 
 ROOT = Path(__file__).resolve().parent.parent
 SERIES = ROOT / "kernels" / "patches" / "sglang-0.5.23"

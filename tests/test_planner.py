@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdstack import flags, inventory, planner
+from pdstack.controller import flags, inventory, planner
 from pdstack.errors import InventoryError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,7 +167,7 @@ def test_plan_text_prints_the_arithmetic():
 
 def test_local_inventory_plans_on_a_simulated_host():
     dep = inventory.load(ROOT / "inventory" / "local")
-    from pdstack.facts import collect
+    from pdstack.hostside.facts import collect
     facts = collect(simulate_gpus=2)
     p = planner.make_plan(dep, dict.fromkeys(dep.hosts, facts))
     assert p.engine == "sim" and p.servers[0].argv[:2] == ["pdstack", "sim"]
@@ -177,7 +177,7 @@ def test_local_inventory_plans_on_a_simulated_host():
 def test_pd_timeout_defaults_are_sglangs_own():
     from sglang.srt import environ
 
-    from pdstack.inventory import PD
+    from pdstack.controller.inventory import PD
     for key, name in planner.PD_ENV.items():
         upstream = getattr(environ.Envs, name, None)
         if upstream is None:  # SGLANG_HEALTH_CHECK_TIMEOUT is read with os.getenv in 0.5.23

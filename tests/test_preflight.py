@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdstack import inventory, planner
+from pdstack.controller import inventory, planner
 from pdstack.errors import InventoryError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,8 +11,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "sim"))
 from sim_helpers import post, start_pd  # noqa: E402
 
-from pdstack import cli, probe  # noqa: E402
-from pdstack.sim.launch import free_port, http_get  # noqa: E402
+from pdstack import cli  # noqa: E402
+from pdstack.hostside import probe  # noqa: E402
+from pdstack.testing.sim.launch import free_port, http_get  # noqa: E402
 
 pytestmark = pytest.mark.slow
 FAST_PROBE = {"first_token_timeout": 1.5, "stall_timeout": 1.0, "total_timeout": 10.0}

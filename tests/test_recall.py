@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pdstack import recall
-from pdstack.sim import model
+from pdstack.controller import recall
+from pdstack.testing.sim import model
 
 
 @pytest.fixture(scope="module")

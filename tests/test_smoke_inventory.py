@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdstack import inventory, smoke
+from pdstack.controller import inventory, smoke
 from pdstack.errors import InventoryError
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pdstack import probe as P
-from pdstack import watchdog as W
+from pdstack.hostside import probe as P
+from pdstack.hostside import watchdog as W
 
 
 class FakeClock:

@@ -13,8 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "sim"))
 from sim_helpers import FAST, start_pd  # noqa: E402
 
-from pdstack import probe, watchdog  # noqa: E402
-from pdstack.sim.launch import SimProcess, http_get  # noqa: E402
+from pdstack.hostside import probe, watchdog  # noqa: E402
+from pdstack.testing.sim.launch import SimProcess, http_get  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from contextlib import ExitStack
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdstack.sim.launch import RouterProcess, SimProcess, http_get
+from pdstack.testing.sim.launch import RouterProcess, SimProcess, http_get
 
 # Fast timing for tests; the defaults model the reference deployment (decode ~64 tok/s).
 FAST = ["--prefill-tokens-per-s", "1000000", "--decode-tokens-per-s", "2000", "--bootstrap-timeout-s", "1"]

@@ -8,7 +8,7 @@ import pytest
 
 from pdstack.cli import build_parser
 from pdstack.errors import PdstackError
-from pdstack.sim import cli as sim_cli
+from pdstack.testing.sim import cli as sim_cli
 
 
 def parse(*argv: str) -> argparse.Namespace:

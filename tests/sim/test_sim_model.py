@@ -7,8 +7,8 @@ import json
 import jinja2
 import pytest
 
-from pdstack.sim import model, vocab
-from pdstack.sim.faults import FaultError, Faults
+from pdstack.testing.sim import model, vocab
+from pdstack.testing.sim.faults import FaultError, Faults
 
 NEEDLE = "The secret code for Alice is 4821."
 QUESTION = "What is the secret code for Alice?"

@@ -9,7 +9,7 @@ import time
 import pytest
 from sim_helpers import FAST, parse_sse, post, scrape, start_pd
 
-from pdstack.sim.launch import SimProcess
+from pdstack.testing.sim.launch import SimProcess
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sim_helpers import TRUNCATED, families, parse_sse, post, scrape, start_pd
 
-from pdstack.sim import model
-from pdstack.sim.launch import http_get
+from pdstack.testing.sim import model
+from pdstack.testing.sim.launch import http_get
 
 pytestmark = pytest.mark.slow
 
@@ -232,7 +232,7 @@ def test_prefill_that_never_gets_the_request_leaves_decode_to_abort(fresh_pd):
 
 
 def test_info_endpoints_say_test_engine_and_point_at_the_shipped_tokenizer(pd):
-    from pdstack.sim.vocab import TOKENIZER_DIR
+    from pdstack.testing.sim.vocab import TOKENIZER_DIR
 
     for sim, mode in ((pd.prefill, "prefill"), (pd.decode, "decode")):
         for path in ("/health", "/health_generate", "/ready"):

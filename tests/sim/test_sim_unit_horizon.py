@@ -1,6 +1,6 @@
 """The sim's recall horizon follows the same switch as the real engine's fix (bf16 index keys)."""
 
-from pdstack.sim import cli
+from pdstack.testing.sim import cli
 
 
 def test_default_horizon_follows_the_bf16_index_key_switch(monkeypatch):

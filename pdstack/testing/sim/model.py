@@ -20,7 +20,7 @@ import re
 import string
 from dataclasses import dataclass
 
-from pdstack.sim.vocab import EOS_ID, PIECE_RE, TOKEN_RE, VOCAB, token_id
+from pdstack.testing.sim.vocab import EOS_ID, PIECE_RE, TOKEN_RE, VOCAB, token_id
 
 NEEDLE_RE = re.compile(r"The secret code for (?P<key>[^.?\n]+?) is (?P<code>[^\s.]+)\.")
 QUESTION_RE = re.compile(r"What is the secret code for (?P<key>[^.?\n]+?)\?")

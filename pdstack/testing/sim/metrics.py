@@ -13,7 +13,7 @@ from collections import deque
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from pdstack.sim.config import SimConfig
+from pdstack.testing.sim.config import SimConfig
 
 SCHED_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
 TOK_LABELS = ("model_name", "engine_type")

@@ -1,5 +1,6 @@
 """Monitoring from the plan: Prometheus scrape config, node_exporter textfile metrics, Grafana dashboards, and a
 checker that evaluates every dashboard query against a real Prometheus.
 
-The monitoring role calls `python -m pdstack.monitoring ...` on the controller; tests call the functions directly.
+The monitoring role calls `python -m pdstack.controller.monitoring ...` on the controller; tests call the functions
+directly.
 """

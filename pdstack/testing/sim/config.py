@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from pdstack.sim.vocab import TOKENIZER_DIR
+from pdstack.testing.sim.vocab import TOKENIZER_DIR
 
 
 class Role(StrEnum):

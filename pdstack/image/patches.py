@@ -161,11 +161,11 @@ def apply_series(series_dir: str | Path, site_packages: str | Path, dry_run: boo
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pdstack.patches SERIES_DIR [SITE_PACKAGES] [--dry-run]``; prints one line per patch + the hash."""
+    """``python -m pdstack.image.patches SERIES_DIR [SITE_PACKAGES] [--dry-run]``; one line per patch + the hash."""
     import argparse
     import sysconfig
 
-    ap = argparse.ArgumentParser(prog="python -m pdstack.patches", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m pdstack.image.patches", description=main.__doc__)
     ap.add_argument("series_dir", type=Path)
     ap.add_argument("site_packages", type=Path, nargs="?", default=Path(sysconfig.get_paths()["purelib"]))
     ap.add_argument("--dry-run", action="store_true")

@@ -19,7 +19,7 @@ When it fails it names the stage (exit codes are stable; the watchdog and system
     15 aborted           the stream ended with a worker's abort (KV transfer / bootstrap failure message included)
     16 wrong-answer      tokens flowed but the answer does not carry the code (KV corruption, or a model problem)
 
-Stdlib only: the watchdog runs it with the router host's python3 (see pdstack/watchdog.py).
+Stdlib only: the watchdog runs it with the router host's python3 (see pdstack/hostside/watchdog.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import signal
 import sys
 
 from pdstack.errors import PdstackError
-from pdstack.sim import TEST_ENGINE_LABEL
+from pdstack.testing.sim import TEST_ENGINE_LABEL
 
 # SGLang 0.5.23 choices, copied from sglang.srt.server_args (tests/sim checks them against the installed sglang).
 TRANSFER_BACKENDS = ["mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp"]
@@ -157,8 +157,8 @@ def resolve_role(args: argparse.Namespace) -> str:
 
 def build_config(args: argparse.Namespace, argv: list[str] | None = None):
     """Turn parsed flags into a SimConfig, a Faults and the crash timer."""
-    from pdstack.sim.config import Role, SimConfig
-    from pdstack.sim.faults import Faults
+    from pdstack.testing.sim.config import Role, SimConfig
+    from pdstack.testing.sim.faults import Faults
 
     role = Role(resolve_role(args))
     bport = args.disaggregation_bootstrap_port
@@ -192,7 +192,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdstack.sim.server import serve
+    from pdstack.testing.sim.server import serve
 
     cfg, faults, crash_after_s = build_config(args, sys.argv)
     level = str(args.log_level).upper()
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
                         format=f"%(asctime)s [pdstack-sim TEST ENGINE {cfg.role.value}:{cfg.port}] "
                                "%(levelname)s %(message)s")
     if cfg.role.value != "mono" and cfg.max_queued_requests is not None:
-        logging.getLogger("pdstack.sim").warning(
+        logging.getLogger("pdstack.testing.sim").warning(
             "--max-queued-requests is ignored with --disaggregation-mode %s (as in SGLang)", cfg.role.value)
 
     async def main() -> None:

@@ -23,14 +23,14 @@ from http import HTTPStatus
 import aiohttp
 from aiohttp import web
 
-from pdstack.sim import SGLANG_COMPAT_VERSION, SIM_VERSION, TEST_ENGINE_LABEL, model
-from pdstack.sim.bootstrap import BootstrapClient, make_bootstrap_app
-from pdstack.sim.config import Role, SimConfig
-from pdstack.sim.engine import Engine, Finish, GenRequest, SimAbort, Token
-from pdstack.sim.faults import FaultError, Faults
-from pdstack.sim.metrics import CONTENT_TYPE, SimMetrics
+from pdstack.testing.sim import SGLANG_COMPAT_VERSION, SIM_VERSION, TEST_ENGINE_LABEL, model
+from pdstack.testing.sim.bootstrap import BootstrapClient, make_bootstrap_app
+from pdstack.testing.sim.config import Role, SimConfig
+from pdstack.testing.sim.engine import Engine, Finish, GenRequest, SimAbort, Token
+from pdstack.testing.sim.faults import FaultError, Faults
+from pdstack.testing.sim.metrics import CONTENT_TYPE, SimMetrics
 
-log = logging.getLogger("pdstack.sim")
+log = logging.getLogger("pdstack.testing.sim")
 
 DEFAULT_MAX_NEW_TOKENS = 128  # /generate (SGLang's default) and chat without max_tokens (SGLang: up to context)
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's and SGLang's default

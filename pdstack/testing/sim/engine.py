@@ -23,13 +23,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
-from pdstack.sim import model
-from pdstack.sim.bootstrap import BootstrapClient, BootstrapFailed, RoomRegistry, TransferFailed
-from pdstack.sim.config import Role, SimConfig
-from pdstack.sim.faults import Faults
-from pdstack.sim.metrics import SimMetrics
+from pdstack.testing.sim import model
+from pdstack.testing.sim.bootstrap import BootstrapClient, BootstrapFailed, RoomRegistry, TransferFailed
+from pdstack.testing.sim.config import Role, SimConfig
+from pdstack.testing.sim.faults import Faults
+from pdstack.testing.sim.metrics import SimMetrics
 
-log = logging.getLogger("pdstack.sim")
+log = logging.getLogger("pdstack.testing.sim")
 
 PAGE_TOKENS = 64  # prefix-cache page, as SGLang's page size for this model
 

@@ -1,4 +1,6 @@
-"""The planner: inventory + host facts -> the exact per-server plan.
+"""The planner: inventory + host facts -> the exact per-server plan; and the `pdstack plan` subcommand.
+
+`pdstack plan -i INVENTORY [--host HOST] [--json] [--facts FILE|DIR] [--out FILE]` (register/run at the end).
 
 For each prefill/decode server: GPU list, NUMA node (from the facts), cpuset (that node's CPUs), membind node,
 HiCache ratio with its arithmetic, the full launch argv and environment. For the router: its argv with every
@@ -7,15 +9,17 @@ worker. The serving and router roles render units from this plan and nothing els
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdstack import flags, preflight
+from pdstack.controller import flags, inventory, preflight
+from pdstack.controller.inventory import Deployment
 from pdstack.errors import FactsError, InventoryError
-from pdstack.inventory import Deployment
 
 SGLANG_LAUNCHER = ["python3", "-m", "sglang.launch_server"]
 SIM_LAUNCHER = ["pdstack", "sim"]  # the TEST ENGINE; accepts SGLang's flag names
@@ -307,3 +311,36 @@ def render_text(plan: Plan) -> str:
     out += [f"monitoring on {', '.join(plan.monitoring_hosts)}"]
     out += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------- `pdstack plan`
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    inventory.add_inventory_args(parser)
+    parser.add_argument("--host", help="only this host's servers")
+    parser.add_argument("--json", action="store_true", help="print JSON (for machines) instead of text")
+    parser.add_argument("--facts", help="host facts: a recorded JSON file (one host's, applied to every host, or "
+                        "{host: facts}) or a directory of <host>.json; the playbook passes what it gathered. "
+                        "Default: <inventory>/facts if it exists")
+    parser.add_argument("--out", help="also write the JSON plan to this file")
+    parser.add_argument("--require-image", action="store_true",
+                        help="fail when the image cannot be resolved (pdstack_image.manifest missing): the playbook "
+                        "deploys, so it needs one; planning alone does not")
+
+
+def run(args: argparse.Namespace) -> int:
+    dep = inventory.load(args.inventory, resolved=args.vars)
+    facts = load_facts(inventory.facts_path(args), list(dep.hosts))
+    plan = make_plan(dep, facts, require_image=args.require_image)
+    if args.host:
+        if args.host not in dep.hosts:
+            raise InventoryError([f"--host {args.host}: not in {args.inventory} (hosts: {', '.join(dep.hosts)})"])
+        plan = plan.for_host(args.host)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(plan.to_json() + "\n")
+    print(plan.to_json() if args.json else render_text(plan))
+    for w in plan.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return 0

@@ -15,14 +15,15 @@ Prefill and decode hosts are those whose pdstack_servers say so; one host may ho
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdstack.controller.schema import Field, Schema, plain, validate_field
 from pdstack.errors import InventoryError
-from pdstack.schema import Field, Schema, plain, validate_field
 
 ENVIRONMENTS = ("production", "local", "test")
 ENGINES = ("sglang", "sim")
@@ -371,3 +372,20 @@ def load(source: str | os.PathLike, resolved: str | os.PathLike | None = None) -
         if not hostvars:
             raise InventoryError([f"inventory {source}: no hosts; list the GPU host(s) in hosts.yml"])
     return build_deployment(hostvars, groups, source=str(source))
+
+
+# ---------------------------------------------------------------- CLI pieces shared by `pdstack plan` and `preflight`
+
+
+def add_inventory_args(parser: argparse.ArgumentParser) -> None:
+    """-i and --vars: where the deployment's variables come from (shared by plan and preflight)."""
+    parser.add_argument("-i", "--inventory", required=True, help="inventory directory, e.g. inventory/production")
+    parser.add_argument("--vars", help="use these resolved variables (JSON the preflight role writes, extra vars "
+                        "included) instead of reading the inventory's files")
+
+
+def facts_path(args: argparse.Namespace) -> str | None:
+    if args.facts:
+        return args.facts
+    default = Path(args.inventory) / "facts"
+    return str(default) if default.is_dir() else None

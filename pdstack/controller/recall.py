@@ -37,7 +37,7 @@ from typing import Any
 
 DEFAULT_LENGTHS = [1000, 2000, 4000, 8000, 16000, 32000]
 DEFAULT_DEPTHS = [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
-SIM_TOKENIZER = Path(__file__).resolve().parent / "sim" / "tokenizer"
+SIM_TOKENIZER = Path(__file__).resolve().parents[1] / "testing" / "sim" / "tokenizer"
 STATUSES = ("pass", "wrong", "timeout", "http", "refused")
 MARK = {"pass": ".", "wrong": "X", "timeout": "T", "http": "E", "refused": "R"}
 KEYS = ("amber harbor", "cobalt ridge", "linen orchard", "quartz meadow", "willow bridge", "copper lantern",

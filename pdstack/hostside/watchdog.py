@@ -4,7 +4,7 @@ A wedged decode keeps answering /health with 200 (FACTS.md), so neither systemd 
 timer on the router host runs one watchdog step every interval (`pdstack-watchdog.timer` -> a oneshot service, so runs
 never overlap). Each step:
 
- 1. runs the deep probe (pdstack/probe.py) through the router;
+ 1. runs the deep probe (pdstack/hostside/probe.py) through the router;
  2. pass: resets the failure count (and clears an alert);
  3. fail with a stage a restart can fix (13 prefill/transfer, 14 decode, 15 aborted, 12 http-error, 16 wrong-answer):
     counts it. After K consecutive failures (`failures_before_restart`), and only while every server's /health says
@@ -18,9 +18,9 @@ never overlap). Each step:
 State (failure count, restart times, alert) persists in a JSON file between timer runs; metrics go to node_exporter's
 textfile collector (`pdstack_watchdog_*`, written atomically); every action is logged (stderr -> the journal).
 
-It runs with the router host's own python3 (stdlib only: this module + pdstack/probe.py, installed by roles/watchdog
-into /usr/local/lib/pdstack/python), not in the serving image: it must reach systemctl on the host to restart
-pdstack-server-<name>.service, and it must work exactly when the serving containers do not.
+It runs with the router host's own python3 (stdlib only: this module + pdstack/hostside/probe.py, installed by
+roles/watchdog into /usr/local/lib/pdstack/python), not in the serving image: it must reach systemctl on the host to
+restart pdstack-server-<name>.service, and it must work exactly when the serving containers do not.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pdstack import probe as probe_mod
+from pdstack.hostside import probe as probe_mod
 
-log = logging.getLogger("pdstack.watchdog")
+log = logging.getLogger("pdstack.hostside.watchdog")
 
 HOUR_S = 3600.0
 # exit codes of `pdstack watchdog` (one step)

@@ -1,8 +1,8 @@
 """Grafana dashboards, generated with grafana-foundation-sdk and committed as JSON (monitoring/dashboards/).
 
-`python -m pdstack.monitoring dashboards` rewrites the JSON; tests/test_monitoring.py fails when the committed JSON
-and this generator disagree. Every panel query here is evaluated against a real Prometheus in the slow test
-(GPU panels against recorded dcgm-exporter output), so a query that returns nothing fails CI.
+`python -m pdstack.controller.monitoring dashboards` rewrites the JSON; tests/test_monitoring.py fails when the
+committed JSON and this generator disagree. Every panel query here is evaluated against a real Prometheus in the slow
+test (GPU panels against recorded dcgm-exporter output), so a query that returns nothing fails CI.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ DATASOURCE_UID = "pdstack-prometheus"  # provisioned by the monitoring role with
 FOLDER = "sglang"  # provisioned into this folder, never General (anonymous viewers get 403 there)
 DS = dm.DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
 RI = "$__rate_interval"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD_DIR = ROOT / "monitoring" / "dashboards"
 
 

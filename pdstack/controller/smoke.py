@@ -14,7 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from pdstack import bench, probe, recall
+from pdstack.controller import bench, recall
+from pdstack.hostside import probe
 
 
 def run_smoke(url: str, out: Path, *, lengths: list[int], depths: list[float], tokenizer: str, variants: list[str],
@@ -96,7 +97,7 @@ DEFAULTS = {"lengths": recall.DEFAULT_LENGTHS, "depths": recall.DEFAULT_DEPTHS, 
 
 def settings_from_inventory(path: str) -> dict:
     """pdstack_smoke (defaults filled by the inventory schema) as smoke CLI settings."""
-    from pdstack import inventory
+    from pdstack.controller import inventory
 
     dep = inventory.load(path)
     sm, adm = dep.smoke, dep.router["admission"]

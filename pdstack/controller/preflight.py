@@ -4,15 +4,23 @@ Two stages, both pure functions over the typed Deployment:
   static_problems(dep)            needs nothing but the inventory (typos, TP vs GPUs, ports, flags, admission)
   topology_problems(dep, facts)   needs each host's facts (GPU count, NUMA nodes, memory)
 Each problem names the variable and says how to fix it. The preflight role and `pdstack plan` call both.
+
+The `pdstack preflight` subcommand (register/run at the end):
+`pdstack preflight -i INVENTORY [--facts FILE|DIR]`: validate without printing the plan.
+
+Without facts only the static checks run (typos, TP vs GPUs, ports, flags, admission); with facts the topology
+checks run too (GPU count, NUMA nodes, HiCache budget per node). Exit 0 when clean, 2 with every problem listed.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections import defaultdict
 from typing import Any
 
-from pdstack import flags
-from pdstack.inventory import Deployment
+from pdstack.controller import flags, inventory
+from pdstack.controller.inventory import Deployment
+from pdstack.errors import InventoryError
 
 # SGLang flags the planner renders itself; setting them in extra_args would fight the plan.
 OWNED_FLAGS = {
@@ -213,3 +221,30 @@ def resolve_node(server: dict, facts: dict) -> int | None:
         return server["numa_node"]
     gnodes = gpu_numa_node(facts, server["gpus"])
     return min(gnodes) if gnodes else None
+
+
+# ------------------------------------------------------------------------------------ `pdstack preflight`
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    inventory.add_inventory_args(parser)
+    parser.add_argument("--facts", help="host facts (see `pdstack plan --help`); without them only static checks run")
+    parser.add_argument("--static", action="store_true", help="only the static checks, even if facts exist")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pdstack.controller import planner  # planner imports this module
+
+    dep = inventory.load(args.inventory, resolved=args.vars)
+    path = None if args.static else inventory.facts_path(args)
+    if path is None:
+        problems = static_problems(dep)
+        if problems:
+            raise InventoryError(problems)
+        print(f"preflight: {args.inventory}: static checks passed (no host facts given: topology not checked)")
+    else:
+        planner.make_plan(dep, planner.load_facts(path, list(dep.hosts)))
+        print(f"preflight: {args.inventory}: all checks passed against the facts in {path}")
+    for w in dep.warnings:
+        print(f"warning: {w}")
+    return 0

@@ -1,0 +1,75 @@
+"""pdstack/hostside and pdstack/image run outside the venv: each imports under `python3 -I -S`, stdlib only.
+
+hostside/ runs on a host with the host's python3 (facts.d script, watchdog timer); image/ runs inside the production
+image at build time with the image's python3 before anything of ours is installed there. A module that picks up a
+venv package (yaml, aiohttp, ...) or a controller module would work in tests and break on the host: this catches it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
+
+# Which pdstack files each rule allows (the package root and errors.py are stdlib-only and shared).
+ALLOWED = {
+    "hostside": {"pdstack/__init__.py", "pdstack/hostside/__init__.py", "pdstack/hostside/facts.py",
+                 "pdstack/hostside/probe.py", "pdstack/hostside/watchdog.py"},
+    "image": {"pdstack/__init__.py", "pdstack/errors.py", "pdstack/image/__init__.py", "pdstack/image/patches.py"},
+}
+
+CHECK = r"""
+import importlib, json, sys, sysconfig
+root = sys.argv[1]
+sys.path.insert(0, root)
+stdlib = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
+for mod in sys.argv[2:]:
+    importlib.import_module(mod)
+ours, foreign = [], []
+for name, m in sorted(sys.modules.items()):
+    f = getattr(m, "__file__", None)
+    if not f:
+        continue
+    if f.startswith(root + "/"):
+        ours.append(f[len(root) + 1:])
+    elif not any(f.startswith(p) for p in stdlib):
+        foreign.append(f"{name} ({f})")
+print(json.dumps({"ours": ours, "foreign": foreign}))
+"""
+
+
+def _modules(folder: str) -> list[str]:
+    return [f"pdstack.{folder}.{p.stem}" for p in sorted((ROOT / "pdstack" / folder).glob("*.py"))
+            if p.name != "__init__.py"]
+
+
+@pytest.mark.skipif(SYSTEM_PYTHON is None, reason="no system python3 in /usr/bin (the host interpreter under test)")
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_imports_with_isolated_system_python_and_stdlib_only(folder):
+    mods = _modules(folder)
+    assert mods, f"pdstack/{folder} has no modules"
+    r = subprocess.run([SYSTEM_PYTHON, "-I", "-S", "-c", CHECK, str(ROOT), *mods], capture_output=True, text=True,
+                       timeout=60, cwd="/")
+    assert r.returncode == 0, f"{folder} does not import under python3 -I -S:\n{r.stderr}"
+    seen = json.loads(r.stdout)
+    assert not seen["foreign"], f"pdstack/{folder} pulled in non-stdlib modules: {seen['foreign']}"
+    stray = sorted(set(seen["ours"]) - ALLOWED[folder])
+    assert not stray, f"pdstack/{folder} imports pdstack code that is not shipped with it: {stray}"
+
+
+def test_every_hostside_module_is_installed_by_its_role():
+    # roles/watchdog copies probe + watchdog; roles/facts links facts.py. A new hostside module needs a role to ship it.
+    shipped = (ROOT / "roles" / "watchdog" / "tasks" / "install.yml").read_text()
+    for mod in ("probe", "watchdog"):
+        assert f"hostside/{mod}.py" in shipped
+    fact = ROOT / "roles" / "facts" / "files" / "pdstack.fact"
+    assert fact.resolve() == (ROOT / "pdstack" / "hostside" / "facts.py").resolve()
+    assert {p.name for p in (ROOT / "pdstack" / "hostside").glob("*.py")} == {"__init__.py", "facts.py", "probe.py",
+                                                                               "watchdog.py"}, sys.version
