@@ -40,7 +40,6 @@ def _paged_mqa_logits_kernel(
     PAGES_PER_PROG: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
-    EARLY_PT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -52,60 +51,32 @@ def _paged_mqa_logits_kernel(
     p0 = pid * PAGES_PER_PROG
     out_row = out_ptr + b * stride_ob
 
-    if EARLY_PT:
-        # A fixed trip count and no branch on seq_len: the page-table entries (and q, w) are loaded alongside
-        # seq_len instead of after it, so a key load waits on one round trip, not two. Entries past the row's
-        # end are read as integers but never dereferenced (the key load is masked by seq_len).
-        max_pages = tl.cdiv(max_seq_len, PAGE)
-        q = tl.load(q_ptr + b * stride_qb + offs_h[None, :] * stride_qh + offs_d[:, None])
-        w = tl.load(w_ptr + b * stride_wb + offs_h).to(tl.float32)
-        for j in tl.range(0, PAGES_PER_PROG, num_stages=NUM_STAGES):
-            p = p0 + j
-            page_id = tl.load(pt_ptr + b * stride_ptb + p, mask=p < max_pages, other=0).to(tl.int64)
-            pos = p * PAGE + offs_n
-            valid = pos < seq_len
-            k = tl.load(
-                kv_ptr + page_id * (PAGE * D) + offs_n[:, None] * D + offs_d[None, :],
-                mask=valid[:, None],
-                other=0.0,
-            )
-            if UPCAST_DOT:
-                s = tl.dot(k.to(tl.float32), q.to(tl.float32))
-            else:
-                s = tl.dot(k, q)
-            s = tl.maximum(s, 0.0)
-            logit = tl.sum(s * w[None, :], axis=1)
-            logit = tl.where(valid, logit, float("-inf"))
-            tl.store(out_row + pos, logit, mask=pos < max_seq_len)
-    else:
-        live_pages = tl.cdiv(seq_len, PAGE) - p0
-        n_live = tl.minimum(tl.maximum(live_pages, 0), PAGES_PER_PROG)
-        if n_live > 0:
-            # q^T [D, H] and the head weights stay in registers for all pages of this program.
-            q = tl.load(q_ptr + b * stride_qb + offs_h[None, :] * stride_qh + offs_d[:, None])
-            w = tl.load(w_ptr + b * stride_wb + offs_h).to(tl.float32)
-            for j in tl.range(0, n_live, num_stages=NUM_STAGES):
-                p = p0 + j
-                page_id = tl.load(pt_ptr + b * stride_ptb + p).to(tl.int64)
-                pos = p * PAGE + offs_n
-                valid = pos < seq_len
-                k = tl.load(
-                    kv_ptr + page_id * (PAGE * D) + offs_n[:, None] * D + offs_d[None, :],
-                    mask=valid[:, None],
-                    other=0.0,
-                )
-                if UPCAST_DOT:  # Triton's CPU interpreter mis-multiplies bf16 dots; fp32 there is exact
-                    s = tl.dot(k.to(tl.float32), q.to(tl.float32))
-                else:
-                    s = tl.dot(k, q)  # [PAGE, H] bf16 x bf16 -> fp32 on the tensor cores
-                s = tl.maximum(s, 0.0)
-                logit = tl.sum(s * w[None, :], axis=1)
-                logit = tl.where(valid, logit, float("-inf"))
-                tl.store(out_row + pos, logit, mask=pos < max_seq_len)
-        # Pages of this program past the row's end: -inf, no key reads.
-        for j in range(n_live, PAGES_PER_PROG):
-            pos = (p0 + j) * PAGE + offs_n
-            tl.store(out_row + pos, tl.full([PAGE], float("-inf"), tl.float32), mask=pos < max_seq_len)
+    # A fixed trip count and no branch on seq_len: the page-table entries (and q, w) are loaded alongside
+    # seq_len instead of after it, so a key load waits on one dependent round trip, not two (0.6-0.9 us of a
+    # 6-8 us call at 1 x 4-16K and 4 x 4K on an H200, kernels/BENCHMARKS.md). Entries past the row's end are read as
+    # integers but never dereferenced: the key load is masked by seq_len, and such pages get -inf.
+    max_pages = tl.cdiv(max_seq_len, PAGE)
+    # q^T [D, H] and the head weights stay in registers for all pages of this program.
+    q = tl.load(q_ptr + b * stride_qb + offs_h[None, :] * stride_qh + offs_d[:, None])
+    w = tl.load(w_ptr + b * stride_wb + offs_h).to(tl.float32)
+    for j in tl.range(0, PAGES_PER_PROG, num_stages=NUM_STAGES):
+        p = p0 + j
+        page_id = tl.load(pt_ptr + b * stride_ptb + p, mask=p < max_pages, other=0).to(tl.int64)
+        pos = p * PAGE + offs_n
+        valid = pos < seq_len
+        k = tl.load(
+            kv_ptr + page_id * (PAGE * D) + offs_n[:, None] * D + offs_d[None, :],
+            mask=valid[:, None],
+            other=0.0,
+        )
+        if UPCAST_DOT:  # Triton's CPU interpreter mis-multiplies bf16 dots; fp32 there is exact
+            s = tl.dot(k.to(tl.float32), q.to(tl.float32))
+        else:
+            s = tl.dot(k, q)  # [PAGE, H] bf16 x bf16 -> fp32 on the tensor cores
+        s = tl.maximum(s, 0.0)
+        logit = tl.sum(s * w[None, :], axis=1)
+        logit = tl.where(valid, logit, float("-inf"))
+        tl.store(out_row + pos, logit, mask=pos < max_seq_len)
 
 
 def _interpreting() -> bool:
@@ -136,13 +107,12 @@ def paged_mqa_logits_bf16(
     pages_per_prog: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
-    early_page_table: bool = False,
 ) -> torch.Tensor:
     """Logits [B, max_seq_len] float32 from bf16 keys.
 
     q [B, 1, H, 128] bf16 (H a power of two >= 16; DSv4: 64), kvcache [num_pages, 64, 1, 128] bf16 (contiguous),
     weight [B, H] float32, seq_lens [B] int32 (or [B, 1]), page_table [B, >= ceil(max_seq_len / 64)] int32.
-    Page-table entries past a row's last page are never read (they may be -1).
+    Page-table entries past a row's last page are never dereferenced (they may be -1 or stale).
     """
     check_tensor("q", q, dtype=torch.bfloat16, ndim=4, last_dim_contiguous=True)
     bsz, next_n, heads, dim = q.shape
@@ -180,6 +150,6 @@ def paged_mqa_logits_bf16(
         q.stride(0), q.stride(2), weight.stride(0), page_table.stride(0), out.stride(0),
         max_seq_len,
         H=heads, D=HEAD_DIM, PAGE=PAGE_SIZE, PAGES_PER_PROG=ppp, NUM_STAGES=num_stages,
-        UPCAST_DOT=_interpreting(), EARLY_PT=bool(early_page_table), num_warps=num_warps,
+        UPCAST_DOT=_interpreting(), num_warps=num_warps,
     )  # fmt: skip
     return out

@@ -34,18 +34,16 @@ def _check(seq_lens, heads, device, **kw):
     return out, ref
 
 
-@pytest.mark.parametrize("early", [False, True], ids=["after_seq_len", "early_page_table"])
 @pytest.mark.parametrize("seq_lens", CPU_CASES, ids=str)
-def test_logits_small(seq_lens, early, device):
-    _check(seq_lens, 64, device, early_page_table=early)
+def test_logits_small(seq_lens, device):
+    _check(seq_lens, 64, device)
 
 
-@pytest.mark.parametrize("early", [False, True], ids=["after_seq_len", "early_page_table"])
-def test_logits_multi_page_programs_and_16_heads(early, device):
+def test_logits_multi_page_programs_and_16_heads(device):
     # several pages per program, a row that ends inside a program's range, a max_seq_len past every row
     q, kv, w, sl, pt, _ = make_paged_case([200, 3], 16, device)
     pt = torch.nn.functional.pad(pt, (0, 2), value=-1)
-    out = paged_mqa_logits_bf16(q, kv, w, sl, pt, 64 * 5 + 9, pages_per_prog=4, early_page_table=early)
+    out = paged_mqa_logits_bf16(q, kv, w, sl, pt, 64 * 5 + 9, pages_per_prog=4)
     ref = R.paged_mqa_logits_ref(q, kv, w, sl, pt, 64 * 5 + 9)
     assert torch.equal(torch.isneginf(out), torch.isneginf(ref))
     fin = torch.isfinite(ref)
@@ -81,10 +79,9 @@ def test_logits_errors_name_the_tensor(device):
 
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.parametrize("early", [False, True], ids=["after_seq_len", "early_page_table"])
 @pytest.mark.parametrize("seq_lens", GPU_CASES, ids=lambda s: f"{len(s)}rows-max{max(s)}")
-def test_logits_gpu(seq_lens, early):
-    out, ref = _check(seq_lens, 64, torch.device("cuda"), early_page_table=early)
+def test_logits_gpu(seq_lens):
+    out, ref = _check(seq_lens, 64, torch.device("cuda"))
     # and against the upstream-shaped torch path (bf16 bmm), loosely
     q, kv, w, sl, pt, msl = make_paged_case(seq_lens, 64, torch.device("cuda"))
     fast = paged_mqa_logits_bf16(q, kv, w, sl, pt, msl)
