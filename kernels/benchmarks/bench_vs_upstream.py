@@ -35,7 +35,19 @@ from pdstack_kernels import reference as R  # noqa: E402
 
 H, D, PAGE, TOPK = 64, 128, 64, 512
 LOGITS_VARIANTS: dict[str, dict] = {}  # name -> paged_mqa_logits_bf16 kwargs (set with --logits-variants)
+def _ppp_uncapped(bsz: int, max_pages: int) -> dict:
+    """The pages_per_prog heuristic before it was capped at 4 (grow to 16 while >= 2 programs per SM)."""
+    sms, ppp = torch.cuda.get_device_properties(0).multi_processor_count, 1
+    while ppp < 16 and bsz * -(-max_pages // (ppp * 2)) >= 2 * sms:
+        ppp *= 2
+    return dict(pages_per_prog=ppp)
+
+
 VARIANT_CHOICES = {
+    "ppp_uncapped": _ppp_uncapped,
+    "ppp2": dict(pages_per_prog=2),
+    "ppp4": dict(pages_per_prog=4),
+    "ppp8": dict(pages_per_prog=8),
     "s2": dict(num_stages=2),
     "s4": dict(num_stages=4),
     "w8": dict(num_warps=8),
@@ -214,7 +226,8 @@ def bench_logits_topk(timer, up: Upstream, copy_gbs, bsz, n, ops, gen) -> dict:
         res[f"read_ceiling_us_{flush}"] = us
         res[f"read_ceiling_pct_{flush}"] = 100 * bf16_bytes / us / 1e3 / copy_gbs
     res["ours_over_ceiling_read"] = res["ours_logits_us_read"] / res["read_ceiling_us_read"]
-    for name, kw in LOGITS_VARIANTS.items():  # tuning variants, each checked against the reference first
+    for name, spec in LOGITS_VARIANTS.items():  # tuning variants, each checked against the reference first
+        kw = spec(bsz, -(-n // PAGE)) if callable(spec) else spec
         try:
             got = paged_mqa_logits_bf16(q, kv, w, sl, pt, n, **kw)
             res[f"var_{name}_err"] = rel_err(got, ref)
@@ -281,6 +294,58 @@ def bench_logits_topk(timer, up: Upstream, copy_gbs, bsz, n, ops, gen) -> dict:
             if f"ours_{peer}_step_us" in res and "dg_logits_us_write" in res:
                 res[f"step_{peer}_over_dg_logits"] = res[f"ours_{peer}_step_us"] / res["dg_logits_us_write"]
                 res[f"step_{peer}_over_dg_step"] = res[f"ours_{peer}_step_us"] / res[f"dg_{peer}_step_us"]
+    return res
+
+
+MIXED_CASES = [  # (what, B, max_seq_len, seq_lens): rows shorter than the logits width, as under CUDA graphs
+    ("1K rows, capture-wide max", 16, 32768, [1024] * 16),
+    ("1K rows, capture-wide max", 64, 32768, [1024] * 64),
+    ("4K rows, capture-wide max", 4, 32768, [4096] * 4),
+    ("8K rows, capture-wide max", 16, 131072, [8192] * 16),
+    ("uniform 64..32K", 16, 32768, "uniform"),
+    ("uniform 64..32K", 64, 32768, "uniform"),
+]
+
+
+def bench_mixed(timer, up: Upstream, copy_gbs, what, bsz, max_len, lens, gen) -> dict:
+    """Rows of different lengths in one call, max_seq_len = the capture's width (SGLang passes the page table's
+    width x 64 under CUDA graphs); stale page-table entries (page 0) past each row's end."""
+    if lens == "uniform":
+        lens = torch.randint(64, max_len + 1, (bsz,), device="cuda", generator=gen).tolist()
+    pages = [-(-n // PAGE) for n in lens]
+    num_pages = sum(pages) + 8
+    kv = torch.randn(num_pages, PAGE, 1, D, device="cuda", generator=gen).to(torch.bfloat16)
+    perm = torch.randperm(num_pages, device="cuda", generator=gen).to(torch.int32)
+    pt = torch.zeros(bsz, -(-max_len // PAGE), dtype=torch.int32, device="cuda")
+    used = 0
+    for b, n in enumerate(pages):
+        pt[b, :n] = perm[used : used + n]
+        used += n
+    q = torch.randn(bsz, 1, H, D, device="cuda", generator=gen).to(torch.bfloat16)
+    w = torch.rand(bsz, H, device="cuda", generator=gen) / H**0.5
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    live_bytes = sum(lens) * D * 2
+    res: dict = {"what": what, "B": bsz, "max_len": max_len, "mean_len": round(sum(lens) / bsz)}
+    ref = per_row_ref(q, kv, w, sl, pt, max_len, "bf16")
+    fin = torch.isfinite(ref)
+    out = paged_mqa_logits_bf16(q, kv, w, sl, pt, max_len)
+    mask_ok = torch.equal(torch.isneginf(out), torch.isneginf(ref))
+    res["ours_err"] = rel_err(out[fin], ref[fin]) if mask_ok else float("inf")
+    res["ours_us"] = timer.graph(lambda: paged_mqa_logits_bf16(q, kv, w, sl, pt, max_len), flush="read")
+    res["ours_pct"] = 100 * live_bytes / res["ours_us"] / 1e3 / copy_gbs
+    for name, spec in LOGITS_VARIANTS.items():
+        kw = spec(bsz, -(-max_len // PAGE)) if callable(spec) else spec
+        res[f"var_{name}_us"] = timer.graph(lambda kw=kw: paged_mqa_logits_bf16(q, kv, w, sl, pt, max_len, **kw),
+                                            flush="read")  # fmt: skip
+    if up.dg is not None:
+        kv8, q8, sl2 = R.quantize_fp8_pages(kv), q.to(torch.float8_e4m3fn), sl.view(-1, 1).contiguous()
+        meta = up.dg_metadata(sl2)
+        dg_out = torch.full((bsz, -(-max_len // 256) * 256), float("nan"), device="cuda")
+        up.dg_logits(q8, kv8, w, sl2, pt, meta, dg_out)
+        ref8 = per_row_ref(q8.to(torch.bfloat16), kv8, w, sl, pt, max_len, "fp8")
+        res["dg_err"] = rel_err(dg_out[:, :max_len][fin], ref8[fin])
+        res["dg_us"] = timer.graph(lambda: up.dg_logits(q8, kv8, w, sl2, pt, meta, dg_out), flush="read")
+        res["ratio"] = res["ours_us"] / res["dg_us"]
     return res
 
 
@@ -413,6 +478,13 @@ def tables(doc: dict) -> str:
                     for r in rows]  # fmt: skip
         out += _table("Logits variants (us, write / read flush)", var_rows,
                       bn + [("default", "cell_default")] + [(v, f"cell_{v}") for v in names], [])  # fmt: skip
+    mixed = doc.get("mixed", [])
+    vnames = sorted({k[4:-3] for r in mixed for k in r if k.startswith("var_") and k.endswith("_us")})
+    out += _table("Rows shorter than max_seq_len (read flush; % copy of the live bytes)", mixed,
+                  [("rows", "what"), ("B", "B"), ("max_seq_len", "max_len"), ("mean seq_len", "mean_len")],
+                  [("ours us", "ours_us", US), ("ours % copy", "ours_pct", PCT), ("DeepGEMM us", "dg_us", US),
+                   ("ours / DG", "ratio", RATIO), ("ours err", "ours_err", ERR), ("DG err", "dg_err", ERR)]
+                  + [(f"{v} us", f"var_{v}_us", US) for v in vnames])  # fmt: skip
     out += _table("Index-K store (RMSNorm + RoPE + Hadamard + store), per call", doc["store"],
                   [("mode", "mode"), ("tokens", "tokens")], STORE_COLS)  # fmt: skip
     return "\n".join(out) + "\n"
@@ -425,7 +497,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--n", type=int, nargs="+", default=[4096, 16384, 65536, 131072])
     p.add_argument("--store-tokens", type=int, nargs="+", default=[1, 4, 16, 64, 512, 2048, 8192])
-    p.add_argument("--ops", nargs="+", default=["logits", "pipeline", "store", "torch"])
+    p.add_argument("--ops", nargs="+", default=["logits", "pipeline", "mixed", "store", "torch"])
     p.add_argument("--logits-variants", nargs="*", default=[], choices=sorted(VARIANT_CHOICES))
     a = p.parse_args(argv)
     LOGITS_VARIANTS.update({k: VARIANT_CHOICES[k] for k in a.logits_variants})
@@ -438,7 +510,7 @@ def main(argv=None) -> int:
     props = torch.cuda.get_device_properties(0)
     doc = {"device": f"{props.name}, {props.multi_processor_count} SMs", "torch": torch.__version__,
            "copy_GBps": copy_gbs, "floor_us": floor, "upstream_missing": up.missing, "logits_topk": [],
-           "store": [], "errors": []}  # fmt: skip
+           "mixed": [], "store": [], "errors": []}  # fmt: skip
     print(f"# {doc['device']}; copy {copy_gbs:.0f} GB/s; one-element fill kernel {floor}; upstream missing: "
           f"{up.missing}", flush=True)  # fmt: skip
     gen = torch.Generator(device="cuda")
@@ -454,6 +526,16 @@ def main(argv=None) -> int:
                     doc["errors"].append(f"B={bsz} N={n}: {traceback.format_exc()[-1500:]}")
                     print(doc["errors"][-1], flush=True)
                 torch.cuda.empty_cache()
+    if "mixed" in a.ops:
+        for what, bsz, max_len, lens in MIXED_CASES:
+            try:
+                r = bench_mixed(timer, up, copy_gbs, what, bsz, max_len, lens, gen)
+                doc["mixed"].append(r)
+                print(json.dumps(r), flush=True)
+            except Exception:
+                doc["errors"].append(f"mixed {what} B={bsz}: {traceback.format_exc()[-1500:]}")
+                print(doc["errors"][-1], flush=True)
+            torch.cuda.empty_cache()
     if "store" in a.ops:
         for decode in (True, False):
             for t in a.store_tokens:

@@ -49,38 +49,43 @@ def _paged_mqa_logits_kernel(
     offs_d = tl.arange(0, D)
     offs_n = tl.arange(0, PAGE)
     p0 = pid * PAGES_PER_PROG
+    live_pages = tl.cdiv(seq_len, PAGE) - p0
+    n_live = tl.minimum(tl.maximum(live_pages, 0), PAGES_PER_PROG)
     out_row = out_ptr + b * stride_ob
 
-    # A fixed trip count and no branch on seq_len: the page-table entries (and q, w) are loaded alongside
-    # seq_len instead of after it, so a key load waits on one dependent round trip, not two (0.6-0.9 us of a
-    # 6-8 us call at 1 x 4-16K and 4 x 4K on an H200, kernels/BENCHMARKS.md). Entries past the row's end are read as
-    # integers but never dereferenced: the key load is masked by seq_len, and such pages get -inf.
-    max_pages = tl.cdiv(max_seq_len, PAGE)
-    # q^T [D, H] and the head weights stay in registers for all pages of this program.
-    q = tl.load(q_ptr + b * stride_qb + offs_h[None, :] * stride_qh + offs_d[:, None])
-    w = tl.load(w_ptr + b * stride_wb + offs_h).to(tl.float32)
-    for j in tl.range(0, PAGES_PER_PROG, num_stages=NUM_STAGES):
-        p = p0 + j
-        page_id = tl.load(pt_ptr + b * stride_ptb + p, mask=p < max_pages, other=0).to(tl.int64)
-        pos = p * PAGE + offs_n
-        valid = pos < seq_len
-        k = tl.load(
-            kv_ptr + page_id * (PAGE * D) + offs_n[:, None] * D + offs_d[None, :],
-            mask=valid[:, None],
-            other=0.0,
-        )
-        if UPCAST_DOT:  # Triton's CPU interpreter mis-multiplies bf16 dots; fp32 there is exact
-            s = tl.dot(k.to(tl.float32), q.to(tl.float32))
-        else:
-            s = tl.dot(k, q)  # [PAGE, H] bf16 x bf16 -> fp32 on the tensor cores
-        s = tl.maximum(s, 0.0)
-        logit = tl.sum(s * w[None, :], axis=1)
-        logit = tl.where(valid, logit, float("-inf"))
-        tl.store(out_row + pos, logit, mask=pos < max_seq_len)
+    if n_live > 0:
+        # q^T [D, H] and the head weights stay in registers for all pages of this program.
+        q = tl.load(q_ptr + b * stride_qb + offs_h[None, :] * stride_qh + offs_d[:, None])
+        w = tl.load(w_ptr + b * stride_wb + offs_h).to(tl.float32)
+        for j in tl.range(0, n_live, num_stages=NUM_STAGES):
+            p = p0 + j
+            page_id = tl.load(pt_ptr + b * stride_ptb + p).to(tl.int64)
+            pos = p * PAGE + offs_n
+            valid = pos < seq_len
+            k = tl.load(
+                kv_ptr + page_id * (PAGE * D) + offs_n[:, None] * D + offs_d[None, :],
+                mask=valid[:, None],
+                other=0.0,
+            )
+            if UPCAST_DOT:  # Triton's CPU interpreter mis-multiplies bf16 dots; fp32 there is exact
+                s = tl.dot(k.to(tl.float32), q.to(tl.float32))
+            else:
+                s = tl.dot(k, q)  # [PAGE, H] bf16 x bf16 -> fp32 on the tensor cores
+            s = tl.maximum(s, 0.0)
+            logit = tl.sum(s * w[None, :], axis=1)
+            logit = tl.where(valid, logit, float("-inf"))
+            tl.store(out_row + pos, logit, mask=pos < max_seq_len)
+    # Pages of this program past the row's end: -inf, no key reads.
+    for j in range(n_live, PAGES_PER_PROG):
+        pos = (p0 + j) * PAGE + offs_n
+        tl.store(out_row + pos, tl.full([PAGE], float("-inf"), tl.float32), mask=pos < max_seq_len)
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+MAX_PAGES_PER_PROG = 8
 
 
 def _pages_per_prog(batch: int, max_pages: int, device: torch.device) -> int:
@@ -89,8 +94,11 @@ def _pages_per_prog(batch: int, max_pages: int, device: torch.device) -> int:
     else:
         sms = 4
     ppp = 1
-    # grow while the grid still has >= 2 programs per SM (the best of 1..16 in every H200 case, BENCHMARKS.md)
-    while ppp < 16 and batch * triton.cdiv(max_pages, ppp * 2) >= 2 * sms:
+    # Grow while the grid still has >= 2 programs per SM, up to 8 pages. Under CUDA graphs max_seq_len is the
+    # capture's width, and a row much shorter than it leaves all its live pages to its first program, one page
+    # after the other: 16 pages per program made such batches up to 2x slower on an H200, 8 costs rows as long as
+    # max_seq_len ~1 % against 16 (kernels/BENCHMARKS.md, "Rows shorter than max_seq_len").
+    while ppp < MAX_PAGES_PER_PROG and batch * triton.cdiv(max_pages, ppp * 2) >= 2 * sms:
         ppp *= 2
     return ppp
 
@@ -112,7 +120,7 @@ def paged_mqa_logits_bf16(
 
     q [B, 1, H, 128] bf16 (H a power of two >= 16; DSv4: 64), kvcache [num_pages, 64, 1, 128] bf16 (contiguous),
     weight [B, H] float32, seq_lens [B] int32 (or [B, 1]), page_table [B, >= ceil(max_seq_len / 64)] int32.
-    Page-table entries past a row's last page are never dereferenced (they may be -1 or stale).
+    Page-table entries past a row's last page are never read (they may be -1).
     """
     check_tensor("q", q, dtype=torch.bfloat16, ndim=4, last_dim_contiguous=True)
     bsz, next_n, heads, dim = q.shape
