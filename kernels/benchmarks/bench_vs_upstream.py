@@ -47,6 +47,9 @@ VARIANT_CHOICES = {
     "ppp_uncapped": _ppp_uncapped,
     "ppp2": dict(pages_per_prog=2),
     "ppp4": dict(pages_per_prog=4),
+    "live": dict(live_only=True),
+    "live_ppi2": dict(live_only=True, pages_per_prog=2),
+    "live_ppi8": dict(live_only=True, pages_per_prog=8),
     "ppp8": dict(pages_per_prog=8),
     "s2": dict(num_stages=2),
     "s4": dict(num_stages=4),
@@ -335,6 +338,9 @@ def bench_mixed(timer, up: Upstream, copy_gbs, what, bsz, max_len, lens, gen) ->
     res["ours_pct"] = 100 * live_bytes / res["ours_us"] / 1e3 / copy_gbs
     for name, spec in LOGITS_VARIANTS.items():
         kw = spec(bsz, -(-max_len // PAGE)) if callable(spec) else spec
+        got = paged_mqa_logits_bf16(q, kv, w, sl, pt, max_len, **kw)
+        ok = torch.equal(torch.isneginf(got), torch.isneginf(ref)) and not got.isnan().any()
+        res[f"var_{name}_err"] = rel_err(got[fin], ref[fin]) if ok else float("inf")
         res[f"var_{name}_us"] = timer.graph(lambda kw=kw: paged_mqa_logits_bf16(q, kv, w, sl, pt, max_len, **kw),
                                             flush="read")  # fmt: skip
     if up.dg is not None:
