@@ -81,89 +81,6 @@ def _paged_mqa_logits_kernel(
         tl.store(out_row + pos, tl.full([PAGE], float("-inf"), tl.float32), mask=pos < max_seq_len)
 
 
-@triton.jit
-def _paged_mqa_logits_live_kernel(
-    q_ptr,
-    kv_ptr,
-    w_ptr,
-    seq_lens_ptr,
-    pt_ptr,
-    out_ptr,
-    stride_qb,
-    stride_qh,
-    stride_wb,
-    stride_ptb,
-    stride_ob,
-    max_seq_len,
-    bsz,
-    H: tl.constexpr,
-    D: tl.constexpr,
-    PAGE: tl.constexpr,
-    PAGES_PER_ITEM: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    TAIL: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
-):
-    """Persistent form: a fixed grid walks the live work only. Item = (row, PAGES_PER_ITEM pages below its
-    seq_len), numbered row after row through a prefix sum of the rows' item counts that every program computes
-    from seq_lens; then the -inf tail past each row's last live page, TAIL positions per item."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    offs_b = tl.arange(0, BLOCK_B)
-    offs_h = tl.arange(0, H)
-    offs_d = tl.arange(0, D)
-    offs_n = tl.arange(0, PAGE)
-    sl = tl.load(seq_lens_ptr + offs_b, mask=offs_b < bsz, other=0)
-    sl = tl.minimum(tl.maximum(sl, 0), max_seq_len)
-    live_pages = tl.cdiv(sl, PAGE)
-    items = tl.cdiv(live_pages, PAGES_PER_ITEM)
-    cum = tl.cumsum(items, 0)
-    total = tl.sum(items, 0)
-    for it in range(pid, total, nprog):
-        b = tl.sum((cum <= it).to(tl.int32), 0)
-        sel = offs_b == b
-        first = tl.sum(tl.where(sel, cum - items, 0), 0)
-        seq_len = tl.sum(tl.where(sel, sl, 0), 0)
-        b64 = b.to(tl.int64)
-        p0 = (it - first) * PAGES_PER_ITEM
-        n_live = tl.minimum(tl.cdiv(seq_len, PAGE) - p0, PAGES_PER_ITEM)
-        out_row = out_ptr + b64 * stride_ob
-        q = tl.load(q_ptr + b64 * stride_qb + offs_h[None, :] * stride_qh + offs_d[:, None])
-        w = tl.load(w_ptr + b64 * stride_wb + offs_h).to(tl.float32)
-        for j in tl.range(0, n_live, num_stages=NUM_STAGES):
-            p = p0 + j
-            page_id = tl.load(pt_ptr + b64 * stride_ptb + p).to(tl.int64)
-            pos = p * PAGE + offs_n
-            valid = pos < seq_len
-            k = tl.load(
-                kv_ptr + page_id * (PAGE * D) + offs_n[:, None] * D + offs_d[None, :],
-                mask=valid[:, None],
-                other=0.0,
-            )
-            if UPCAST_DOT:
-                s = tl.dot(k.to(tl.float32), q.to(tl.float32))
-            else:
-                s = tl.dot(k, q)
-            s = tl.maximum(s, 0.0)
-            logit = tl.sum(s * w[None, :], axis=1)
-            logit = tl.where(valid, logit, float("-inf"))
-            tl.store(out_row + pos, logit, mask=pos < max_seq_len)
-    tail_start = live_pages * PAGE
-    tails = tl.where(offs_b < bsz, tl.cdiv(max_seq_len - tail_start, TAIL), 0)
-    tcum = tl.cumsum(tails, 0)
-    ttotal = tl.sum(tails, 0)
-    offs_t = tl.arange(0, TAIL)
-    for it in range(pid, ttotal, nprog):
-        b = tl.sum((tcum <= it).to(tl.int32), 0)
-        sel = offs_b == b
-        first = tl.sum(tl.where(sel, tcum - tails, 0), 0)
-        start = tl.sum(tl.where(sel, tail_start, 0), 0) + (it - first) * TAIL
-        pos = start + offs_t
-        tl.store(out_ptr + b.to(tl.int64) * stride_ob + pos, tl.full([TAIL], float("-inf"), tl.float32),
-                 mask=pos < max_seq_len)  # fmt: skip
-
-
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -198,7 +115,6 @@ def paged_mqa_logits_bf16(
     pages_per_prog: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
-    live_only: bool = False,
 ) -> torch.Tensor:
     """Logits [B, max_seq_len] float32 from bf16 keys.
 
@@ -234,18 +150,6 @@ def paged_mqa_logits_bf16(
     else:
         check_tensor("out", out, dtype=torch.float32, shape=(bsz, max_seq_len), device=dev, last_dim_contiguous=True)
     if bsz == 0 or max_seq_len == 0:
-        return out
-    if live_only:
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
-        ppi = pages_per_prog or 4
-        nprog = max(1, min(4 * sms, bsz * triton.cdiv(max_pages, ppi)))
-        _paged_mqa_logits_live_kernel[(nprog,)](
-            q, kvcache, weight, seq_lens, page_table, out,
-            q.stride(0), q.stride(2), weight.stride(0), page_table.stride(0), out.stride(0),
-            max_seq_len, bsz,
-            H=heads, D=HEAD_DIM, PAGE=PAGE_SIZE, PAGES_PER_ITEM=ppi, BLOCK_B=max(16, triton.next_power_of_2(bsz)),
-            TAIL=1024, NUM_STAGES=num_stages, UPCAST_DOT=_interpreting(), num_warps=num_warps,
-        )  # fmt: skip
         return out
     ppp = pages_per_prog or _pages_per_prog(bsz, max_pages, dev)
     grid = (triton.cdiv(max_pages, ppp), bsz)
