@@ -31,6 +31,8 @@ TOPK = 512
 FP8_MAX = 448.0
 LAYOUTS = ("fp8", "bf16")
 
+# Outside the source tree: a run never rewrites the committed results.json / recall.png beside this file.
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "build" / "recall_experiment"
 DEFAULT_NS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 DEFAULT_MARGINS = (0.01, 0.03, 0.1, 0.3, 1.0)
 DEFAULT_COMMONS = (0.0, 16.0, 64.0)
@@ -201,8 +203,11 @@ def _progress(done: int, total: int, elapsed: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.recall.experiment", description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent, help="directory for outputs")
+    ap = argparse.ArgumentParser(prog="python -m kernels.recall_experiment.experiment",
+                                 description=__doc__.split("\n")[0])  # fmt: skip
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                    help=f"directory for results.json and recall.png (default {DEFAULT_OUT}; the committed copies "
+                         "beside this file are updated by hand)")  # fmt: skip
     ap.add_argument("--trials", type=int, default=Config.trials, help="draws per key distribution")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
