@@ -82,8 +82,8 @@ def deploy(c: Context, inventory: str = "", check: bool = False, tags: str = "",
 @task(help={"count": "number of hosts", "prefix": "container name prefix"})
 def testhost_up(c: Context, count: int = 1, prefix: str = "pdstack-local") -> None:
     """Boot local Debian bookworm test hosts (systemd in containers), reachable by Ansible."""
-    from pdstack import testhost
     from pdstack.errors import PdstackError
+    from pdstack.testing import testhost
     try:
         names = testhost.up(count=count, prefix=prefix)
     except PdstackError as e:
@@ -94,8 +94,8 @@ def testhost_up(c: Context, count: int = 1, prefix: str = "pdstack-local") -> No
 @task(help={"prefix": "container name prefix"})
 def testhost_down(c: Context, prefix: str = "pdstack-local") -> None:
     """Remove exactly what testhost.up made (containers, volumes, network)."""
-    from pdstack import testhost
     from pdstack.errors import PdstackError
+    from pdstack.testing import testhost
     try:
         removed = testhost.down(prefix=prefix)
     except PdstackError as e:
@@ -106,7 +106,7 @@ def testhost_down(c: Context, prefix: str = "pdstack-local") -> None:
 @task(help={"prefix": "container name prefix"})
 def testhost_status(c: Context, prefix: str = "pdstack-local") -> None:
     """Show the local test hosts."""
-    from pdstack import testhost
+    from pdstack.testing import testhost
     print(testhost.format_status(testhost.status(prefix=prefix)))
 
 
@@ -156,7 +156,7 @@ def rollback(c: Context, inventory: str = "") -> None:
             "push": "also push to this registry (REGISTRY/pdstack/<flavor>:<tag>)"})
 def build_image(c: Context, flavor: str = "prod", base: str = "", save: str = "", push: str = "") -> None:
     """Build the serving (prod) or test-engine (sim) image; a no-op when an image of the same inputs exists."""
-    from pdstack import build as b
+    from pdstack.controller import imagebuild as b
     from pdstack.errors import PdstackError
     try:
         m = b.build(flavor=flavor, base=base or None, save=save or None, push=push or None)
@@ -168,10 +168,10 @@ def build_image(c: Context, flavor: str = "prod", base: str = "", save: str = ""
 @task
 def build_base_offline(c: Context) -> None:
     """Build CI's offline stand-in for the SGLang CUDA base (debootstrap, CPU torch, sglang --no-deps, PyPI nvcc)."""
-    from pdstack import build as b
+    from pdstack.controller.imagebuild.bases import ensure_offline_base
     from pdstack.errors import PdstackError
     try:
-        print(b.ensure_offline_base())
+        print(ensure_offline_base())
     except PdstackError as e:
         raise Exit(f"invoke build.base-offline: {e}", 1) from e
 
