@@ -176,6 +176,21 @@ def build_base_offline(c: Context) -> None:
         raise Exit(f"invoke build.base-offline: {e}", 1) from e
 
 
+PROD_LOCK_CMD = ["pip", "compile", "--generate-hashes", "--python-platform", "x86_64-manylinux_2_36",
+                 "--python-version", "3.11", "--quiet", "requirements/prod-image.in",
+                 "-o", "requirements/prod-image.lock"]
+
+
+@task(help={"upgrade": "re-resolve every package to its newest allowed version (default: keep what the lock has)"})
+def lock_prod_image(c: Context, upgrade: bool = False) -> None:
+    """Regenerate requirements/prod-image.lock (hash-locked serving stack) from requirements/prod-image.in with uv."""
+    uv = BIN / "uv"
+    if not uv.exists():
+        raise Exit(f"{uv} is missing: run ./dev.sh setup (uv is pinned in requirements/lock.txt)", 1)
+    with c.cd(str(ROOT)):
+        c.run(shlex.join([str(uv), *PROD_LOCK_CMD, *(["--upgrade"] if upgrade else [])]), echo=True, env=_env())
+
+
 build = Collection("build")
 build.add_task(build_image, name="image", default=True)
 build.add_task(build_base_offline, name="base-offline")
@@ -185,5 +200,8 @@ testhost.add_task(testhost_up, name="up")
 testhost.add_task(testhost_down, name="down")
 testhost.add_task(testhost_status, name="status")
 
-ns = Collection(lint, test, plan, deploy, rollback, kernels, demo, testhost, build)
+lock = Collection("lock")
+lock.add_task(lock_prod_image, name="prod-image")
+
+ns = Collection(lint, test, plan, deploy, rollback, kernels, demo, testhost, build, lock)
 ns.configure({"run": {"echo": True}})
