@@ -2,8 +2,8 @@
 built for real, the no-op rebuild, and a patch that does not apply failing the prod build.
 
 The slow tests build images with the local Docker engine (CI runs them; without an engine they fail under CI=true
-and skip elsewhere). The prod build uses the offline base (debootstrap + CPU torch + sglang --no-deps + PyPI nvcc),
-built once and then found by tag.
+and skip elsewhere). The prod build is the real one: the locked CUDA base (debootstrap + requirements/prod-image.lock,
+built once and then found by tag), then kernels, patches, SGLang's JIT AOT and the in-image checks.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from pdstack.controller.imagebuild import rootfs
-from pdstack.controller.imagebuild.bases import ensure_offline_base, resolve_base
-from pdstack.controller.imagebuild.common import OFFLINE_BASE_REPO, ROOT, BuildError, sha256_file
+from pdstack.controller.imagebuild.bases import LOCKED_BASE_REPO, ensure_locked_base, resolve_base
+from pdstack.controller.imagebuild.common import ROOT, BuildError, sha256_file
 from pdstack.controller.imagebuild.engine import client, image_exists
-from pdstack.controller.imagebuild.inputs import compute_inputs, image_tag, jit_mode
+from pdstack.controller.imagebuild.inputs import compute_inputs, image_tag
 from pdstack.controller.imagebuild.manifest import format_manifest, manifest_path
 from pdstack.controller.imagebuild.pins import default_series_dir
 from pdstack.controller.imagebuild.pipeline import build
@@ -71,6 +71,9 @@ def test_prod_inputs_cover_exactly_the_series_kernels_and_dockerfile(tmp_path):
     assert inputs["pins"]["cuda_archs"] == ["sm_120a"]
     assert inputs["pins"]["patch_series_sha256"] == series_hash(series)
     assert inputs["pins"]["jit_aot"] == "require"  # a real base must AOT-compile SGLang's JIT kernels
+    assert inputs["pins"]["checks"] == "on"
+    assert {"images/prod/checks.py", "images/prod/model-config/config.json"} <= names
+    assert len(inputs["pins"]["plan_argv_sha256"]) == 64
 
 
 def test_tag_changes_with_every_kind_of_input(tmp_path):
@@ -118,9 +121,44 @@ def test_sim_tag_covers_only_what_the_sim_image_contains(tmp_path):
     assert _sim_tag(root) != first
 
 
-def test_offline_base_uses_auto_jit_mode():
-    assert jit_mode(f"{OFFLINE_BASE_REPO}:abc") == "auto"
-    assert jit_mode("lmsysorg/sglang@sha256:" + "3" * 64) == "require"
+def test_sbom_names_the_one_wheel_each_locked_distribution_installed(tmp_path):
+    from pdstack.controller.imagebuild import sbom
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    good = wheels / "foo_bar-1.0-py3-none-any.whl"
+    good.write_bytes(b"the wheel")
+    other = wheels / "foo_bar-0.9-py3-none-any.whl"  # another version in the cache: not what the lock installs
+    other.write_bytes(b"old")
+    lock = tmp_path / "x.lock"
+    lock.write_text("# header\nfoo-bar==1.0 \\\n    --hash=sha256:" + "0" * 64 + " \\\n    --hash=sha256:"
+                    + sha256_file(good) + "\n    # via x\n")
+    assert sbom.locked(lock) == {"foo-bar": ("1.0", {"0" * 64, sha256_file(good)})}
+    assert sbom.installed_wheels(lock, wheels) == {"foo-bar": ("1.0", good.name, sha256_file(good))}
+    good.write_bytes(b"tampered")
+    with pytest.raises(BuildError, match="lacks the locked wheel of: foo-bar"):
+        sbom.installed_wheels(lock, wheels)
+
+
+def test_the_prod_lock_pins_every_distribution_with_hashes():
+    from pdstack.controller.imagebuild import sbom
+    from pdstack.controller.imagebuild.bases import PROD_LOCK
+
+    entries = sbom.locked(PROD_LOCK)
+    assert entries["sglang"][0] == "0.5.23" and entries["torch"][0] == "2.14.1"
+    for name in ("sglang-kernel", "sgl-deep-gemm", "flashinfer-python", "apache-tvm-ffi", "sglang-router",
+                 "mooncake-transfer-engine-cuda13", "nixl-cu13", "nixl", "nvidia-cuda-nvcc"):
+        assert name in entries, name
+    assert "nixl-cu12" not in entries  # left out on purpose (requirements/prod-image.in says why)
+    assert all(hashes for _, hashes in entries.values())
+
+
+def test_locked_base_is_the_prod_default_and_prod_only(monkeypatch):
+    from pdstack.controller.imagebuild.pins import default_base
+
+    assert default_base("prod") == "locked" and default_base("sim") == "local"
+    with pytest.raises(BuildError, match="--base locked is the prod flavor's"):
+        resolve_base(object(), "sim", "locked")
 
 
 def test_pep508_from_wheel_names():
@@ -262,30 +300,44 @@ def _file_from_image(c, image: str, path: str) -> bytes:
 
 
 @pytest.mark.slow
-def test_prod_image_on_the_offline_base_has_kernels_patches_and_labels(docker_client, tmp_path):
+def test_prod_image_on_the_locked_base_patched_compiled_and_checked(docker_client, tmp_path):
+    """The real image: our CUDA 13 base from the lock, the series applied with RECORD checks, our kernels and SGLang's
+    JIT (with every index-K store our plans select) compiled for sm_120, the in-image checks passed, an SBOM."""
     c = docker_client
-    m = build(flavor="prod", base="offline")
+    m = build(flavor="prod")  # images/bases.yaml: prod: locked
     _manifest_ok(m, "prod", c)
     labels = m["labels"]
     assert labels["io.pdstack.sglang.version"] == "0.5.23"
     assert labels["io.pdstack.patches.sha256"] == series_hash(SERIES)
     assert labels["io.pdstack.kernels.archs"] == "sm_120a"
-    assert labels["io.pdstack.jit-aot"] == "auto"
-    assert m["base"]["ref"].startswith(OFFLINE_BASE_REPO + ":")
-    out = _run(c, m["tag"], "cat /opt/pdstack/patches/applied.txt; "
-                            "site=$(python3 -c 'import importlib.util as u, os; "
-                            "print(os.path.dirname(os.path.dirname(u.find_spec(\"sglang\").origin)))'); "
-                            "grep -l PDSTACK_DSV4_BF16_INDEX_K $site/sglang/srt/mem_cache/deepseek_v4_memory_pool.py; "
-                            "cat /opt/pdstack/jit-aot.json; "
+    assert labels["io.pdstack.jit-aot"] == "require" and labels["io.pdstack.checks"] == "on"
+    assert m["base"]["ref"].startswith(LOCKED_BASE_REPO + ":")
+    assert m["sbom"]["format"] == "CycloneDX 1.6 JSON" and m["sbom"]["components"] >= 200
+    sbom = json.loads((ROOT / m["sbom"]["path"]).read_text())
+    torch = next(x for x in sbom["components"] if x["name"] == "torch")
+    assert torch["version"] == "2.14.1" and len(torch["externalReferences"][0]["hashes"]) == 1
+    out = _run(c, m["tag"], "cat /opt/pdstack/patches/applied.txt; echo; cat /opt/pdstack/jit-aot.json; echo; "
+                            "cat /opt/pdstack/checks.json; echo; "
                             "python3 -c 'import importlib.util as u; "
                             "print(\"pdk\", u.find_spec(\"pdstack_kernels\").origin)'; "
+                            "python3 -c 'import torch; print(\"torch\", torch.__version__, torch.version.cuda)'; "
                             "echo lib=$PDSTACK_KERNELS_LIB")
     for p in read_series(SERIES):
         assert f"applied  {p.name}" in out
     assert f"series sha256 {series_hash(SERIES)}" in out
-    assert "deepseek_v4_memory_pool.py" in out
+    assert "recorded  sglang/srt/mem_cache/deepseek_v4_memory_pool.py sha256=" in out
     assert "pdk /opt/sglang/lib/python3.11/site-packages/pdstack_kernels/__init__.py" in out
-    assert "CPU build" in out  # the offline base cannot run SGLang's JIT: skipped, and the report says why
+    assert "torch 2.14.1+cu130 13.0" in out
+    reports = [json.loads(chunk) for chunk in _json_objects(out)]
+    jit = next(r for r in reports if "compiled" in r)
+    assert jit["skipped"] is None and not jit["failed"], jit
+    compiled = {x["module"] for x in jit["compiled"]}
+    assert any(n.startswith("index-K store bf16") for n in compiled) and any(n.startswith("index-K store fp8")
+                                                                             for n in compiled)
+    checks = next(r for r in reports if "imports" in r)
+    assert checks["failures"] == [] and checks["launch_server_help"]["rc"] == 0 and checks["router_help"]["rc"] == 0
+    assert {r["server"] for r in checks["plan_argv"]} == {"prefill-0", "decode-0"}
+    assert all(r["parsed"] for r in checks["plan_argv"])
     lib = _file_from_image(c, m["tag"], "/opt/pdstack/kernels/libpdstack_kernels.so")
     assert lib[:4] == b"\x7fELF"
     (tmp_path / "lib.so").write_bytes(lib)
@@ -297,17 +349,31 @@ def test_prod_image_on_the_offline_base_has_kernels_patches_and_labels(docker_cl
         assert b"sm_120a" in lib or b"sm_120" in lib
 
     t0 = time.monotonic()
-    again = build(flavor="prod", base="offline")
+    again = build(flavor="prod")
     assert again["noop"] and again["image_id"] == m["image_id"] and time.monotonic() - t0 < 5
+
+
+def _json_objects(text: str):
+    """The top-level JSON objects printed one after another (each report file ends with a newline)."""
+    dec = json.JSONDecoder()
+    i = 0
+    while (i := text.find("{", i)) != -1:
+        try:
+            _, end = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            i += 1
+            continue
+        yield text[i:end]
+        i = end
 
 
 @pytest.mark.slow
 def test_a_patch_that_does_not_apply_fails_the_prod_build(docker_client, tmp_path):
     series = _copy_series(tmp_path / SERIES.name)
     broken = _break_patch(series)
-    inputs_tag = image_tag(compute_inputs("prod", ensure_offline_base(docker_client), series_dir=series))
+    inputs_tag = image_tag(compute_inputs("prod", ensure_locked_base(docker_client), series_dir=series))
     with pytest.raises(BuildError) as e:
-        build(flavor="prod", base="offline", series_dir=series, manifest=tmp_path / "manifest.json")
+        build(flavor="prod", series_dir=series, manifest=tmp_path / "manifest.json")
     msg = str(e.value)
     assert broken in msg and "FAILED" in msg, msg
     assert not image_exists(docker_client, inputs_tag)
@@ -320,4 +386,4 @@ def test_an_unreachable_base_says_how_to_bring_it_offline(docker_client):
     with pytest.raises(BuildError) as e:
         resolve_base(docker_client, "prod", ref)
     msg = str(e.value)
-    assert "cannot be pulled" in msg and "docker load -i base.tar" in msg and "--base offline" in msg
+    assert "cannot be pulled" in msg and "docker load -i base.tar" in msg and "--base locked" in msg

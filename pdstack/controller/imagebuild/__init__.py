@@ -9,7 +9,8 @@ One module per concern:
     rootfs                                     debootstrap a root file system and `docker import` it (shared with
                                                pdstack.testing.testhost's base image)
     wheels                                     the host-side wheel cache (build/wheels) and pure wheels of our code
-    bases                                      the python base (debootstrap) and the offline stand-in base
+    bases                                      the python base (debootstrap) and our locked CUDA base
+    sbom                                       the CycloneDX SBOM of the locked base's distributions
     contexts                                   the docker build context of each flavor
     manifest                                   labels check, the manifest file, the table for people
     ship                                       docker save (+ sha256) and push

@@ -1,7 +1,7 @@
-"""The bases the flavors build FROM: the python base (debootstrap), the offline stand-in, or an image reference.
+"""The bases the flavors build FROM: the python base (debootstrap), our locked CUDA base, or an image reference.
 
     ensure_pybase()         local Debian bookworm + Python base (rootfs.py); built once, then found by tag
-    ensure_offline_base()   CI's stand-in for the SGLang CUDA base (images/base-offline)
+    ensure_locked_base()    the prod default: pybase + requirements/prod-image.lock (images/base-sglang)
     resolve_base(c, flavor, base)   --base (or images/bases.yaml) -> a reference present on this machine
 """
 
@@ -15,8 +15,8 @@ from pdstack.controller.imagebuild.common import (
     BUILD_DIR,
     IMAGES,
     LABEL_PREFIX,
-    OFFLINE_BASE_REPO,
     PYBASE_REPO,
+    ROOT,
     BuildError,
     digest,
     echo,
@@ -24,22 +24,15 @@ from pdstack.controller.imagebuild.common import (
     sha256_file,
 )
 from pdstack.controller.imagebuild.engine import client, docker_build, image_exists
-from pdstack.controller.imagebuild.pins import default_base, sglang_version, torch_version
+from pdstack.controller.imagebuild.pins import default_base
 from pdstack.controller.imagebuild.rootfs import ensure_rootfs_image
-from pdstack.controller.imagebuild.wheels import download_wheels, link_or_copy, pep508
+from pdstack.controller.imagebuild.wheels import download_locked, serve_wheels
 
-OFFLINE = "offline"
 LOCAL = "local"
-
-# The CUDA 13.0 compiler as PyPI wheels (verified: these five compile kernels/csrc for sm_120a; nvvm carries cicc,
-# crt the host-side headers, cuda-runtime libcudart_static + cuda_runtime.h, cccl the libcu++/CUB headers).
-NVCC_WHEELS = (
-    "nvidia-cuda-nvcc==13.0.88",
-    "nvidia-cuda-crt==13.0.88",
-    "nvidia-nvvm==13.0.88",
-    "nvidia-cuda-runtime==13.0.96",
-    "nvidia-cuda-cccl==13.0.85",
-)
+LOCKED = "locked"
+LOCKED_BASE_REPO = "pdstack/sglang-base"
+PROD_LOCK = ROOT / "requirements" / "prod-image.lock"
+PROD_WHEELS = ROOT / ".cache" / "wheels" / "prod"
 
 # The Python base (debootstrap): everything here feeds its tag.
 PYBASE_RECIPE = {
@@ -61,52 +54,48 @@ def ensure_pybase(c=None) -> str:
                                lock_name="build-pybase", labels={f"{LABEL_PREFIX}.base": "pybase"})
 
 
-def _offline_wheels() -> tuple[Path, dict[str, str]]:
-    return download_wheels("base-offline", [f"torch=={torch_version()}", "setuptools>=68"],
-                           no_deps=[f"sglang=={sglang_version()}", *NVCC_WHEELS])
+def locked_base_tag() -> str:
+    recipe = {"pybase": pybase_tag(), "dockerfile": sha256_file(IMAGES / "base-sglang" / "Dockerfile"),
+              "lock": sha256_file(PROD_LOCK)}
+    return f"{LOCKED_BASE_REPO}:{digest(recipe)[:12]}"
 
 
-def offline_base_tag(wheels: dict[str, str]) -> str:
-    recipe = {"pybase": pybase_tag(), "dockerfile": sha256_file(IMAGES / "base-offline" / "Dockerfile"),
-              "wheels": wheels}
-    return f"{OFFLINE_BASE_REPO}:{digest(recipe)[:12]}"
+def ensure_locked_base(c=None) -> str:
+    """Our CUDA 13 base: the python base + every distribution of requirements/prod-image.lock, hash-checked.
 
-
-def ensure_offline_base(c=None) -> str:
-    """CI's stand-in for the SGLang CUDA base (see images/base-offline/Dockerfile); built once, then found by tag."""
+    Found by tag when the lock, the Dockerfile and the python base are unchanged (no download, no build). Otherwise
+    the host's wheel cache (.cache/wheels/prod) is filled (only missing files are fetched) and served to the build.
+    """
     c = c or client()
-    folder, wheels = _offline_wheels()
-    tag = offline_base_tag(wheels)
+    tag = locked_base_tag()
     if image_exists(c, tag):
         return tag
     pybase = ensure_pybase(c)
-    with lock("build-base-offline"):
+    with lock("build-base-sglang"):
         if image_exists(c, tag):
             return tag
-        with tempfile.TemporaryDirectory(prefix="pdstack-ctx-", dir=BUILD_DIR) as tmp:
+        download_locked(PROD_LOCK, PROD_WHEELS)
+        with tempfile.TemporaryDirectory(prefix="pdstack-ctx-", dir=BUILD_DIR) as tmp, \
+                serve_wheels(c, PROD_WHEELS) as url:
             ctx = Path(tmp)
-            shutil.copy2(IMAGES / "base-offline" / "Dockerfile", ctx / "Dockerfile")
-            for w in wheels:
-                link_or_copy(folder / w, ctx / "wheels" / w)
-            no_deps = [w for w in wheels if w.startswith(("sglang-", "nvidia_"))]
-            (ctx / "wheels" / "requirements.txt").write_text(
-                "".join(f"{pep508(w)}\n" for w in wheels if w not in no_deps))
-            (ctx / "wheels" / "no-deps.txt").write_text("".join(f"{pep508(w)}\n" for w in no_deps))
-            docker_build(c, ctx, tag, {"BASE": pybase}, "offline base")
+            shutil.copy2(IMAGES / "base-sglang" / "Dockerfile", ctx / "Dockerfile")
+            shutil.copy2(PROD_LOCK, ctx / "prod-image.lock")
+            docker_build(c, ctx, tag, {"BASE": pybase, "WHEELS_URL": url, "LOCK_SHA256": sha256_file(PROD_LOCK)},
+                         "locked CUDA base")
     return tag
 
 
 def resolve_base(c, flavor: str, base: str | None) -> str:
     """--base (or images/bases.yaml) -> a base image reference present on this machine."""
     ref = (base or default_base(flavor)).strip()
-    if ref == OFFLINE:
-        if flavor != "prod":
-            raise BuildError("--base offline is the prod flavor's stand-in base; the sim flavor uses --base local")
-        return ensure_offline_base(c)
     if ref == LOCAL:
         return ensure_pybase(c)
+    if ref == LOCKED:
+        if flavor != "prod":
+            raise BuildError("--base locked is the prod flavor's CUDA base; the sim flavor uses --base local")
+        return ensure_locked_base(c)
     if image_exists(c, ref):
-        if flavor == "prod" and "@sha256:" not in ref and not ref.startswith(OFFLINE_BASE_REPO + ":"):
+        if flavor == "prod" and "@sha256:" not in ref and not ref.startswith(LOCKED_BASE_REPO + ":"):
             echo(f"warning: base {ref} is not pinned by digest; production pins it (images/bases.yaml)")
         return ref
     echo(f"base {ref} is not on this machine; pulling it")
@@ -118,7 +107,6 @@ def resolve_base(c, flavor: str, base: str | None) -> str:
             "Fix, one of:\n"
             f"  - where a registry is reachable: docker pull {ref} && docker save {ref} -o base.tar;\n"
             f"    here: docker load -i base.tar, then invoke build --base {ref}\n"
-            "  - build CI's offline stand-in (CPU torch, sglang --no-deps, nvcc from PyPI): "
-            "invoke build --base offline (or invoke build.base-offline)"
+            "  - build our own CUDA base from requirements/prod-image.lock (the default): invoke build --base locked"
         ) from e
     return ref

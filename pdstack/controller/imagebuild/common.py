@@ -20,7 +20,6 @@ LABEL_PREFIX = "io.pdstack"
 FLAVORS = ("prod", "sim")
 REPOS = {"prod": "pdstack/sglang", "sim": "pdstack/sim"}
 PYBASE_REPO = "pdstack/pybase"
-OFFLINE_BASE_REPO = "pdstack/sglang-base-offline"
 CUDA_ARCHS = ("sm_120a",)
 
 

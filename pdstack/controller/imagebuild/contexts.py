@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 from pdstack.controller.imagebuild.common import IMAGES, ROOT
-from pdstack.controller.imagebuild.inputs import KERNEL_SOURCES, PROD_TOOLS, SIM_SOURCES
+from pdstack.controller.imagebuild.inputs import KERNEL_SOURCES, PROD_TOOLS, SIM_SOURCES, plan_argv
 from pdstack.controller.imagebuild.pins import router_version
 from pdstack.controller.imagebuild.wheels import build_wheel, download_wheels, link_or_copy, pep508
 
@@ -20,6 +21,10 @@ def prod_context(ctx: Path, series_dir: Path) -> None:
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / f, dst)
     shutil.copy2(IMAGES / "prod" / "jit_aot.py", ctx / "tools" / "jit_aot.py")
+    shutil.copy2(IMAGES / "prod" / "checks.py", ctx / "tools" / "checks.py")
+    (ctx / "checks" / "model").mkdir(parents=True)
+    shutil.copy2(IMAGES / "prod" / "model-config" / "config.json", ctx / "checks" / "model" / "config.json")
+    (ctx / "checks" / "plan-argv.json").write_text(json.dumps(plan_argv(), indent=1, sort_keys=True) + "\n")
     dst = ctx / "patches" / series_dir.name
     dst.mkdir(parents=True)
     shutil.copy2(series_dir / "series", dst / "series")

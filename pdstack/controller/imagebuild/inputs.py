@@ -12,7 +12,6 @@ from typing import Any
 from pdstack.controller.imagebuild.common import (
     CUDA_ARCHS,
     FLAVORS,
-    OFFLINE_BASE_REPO,
     REPOS,
     ROOT,
     BuildError,
@@ -34,6 +33,12 @@ SIM_SOURCES = (
     "pdstack/testing/__init__.py",
     "pdstack/testing/sim",
 )
+# The prod image's build-time tools and check inputs (images/prod/): JIT AOT, the in-image checks, the model config.
+PROD_IMAGE_FILES = ("images/prod/Dockerfile", "images/prod/jit_aot.py", "images/prod/checks.py",
+                    "images/prod/model-config/config.json")
+# The plan whose argv the in-image checks parse: the production inventory on the reference topology.
+PLAN_INVENTORY = "inventory/production"
+PLAN_FACTS = "tests/topologies/reference-2node-8gpu.json"
 # kernels/ as the prod image's pdstack-kernels wheel is built from it.
 KERNEL_SOURCES = ("kernels/pyproject.toml", "kernels/pdstack_kernels", "kernels/csrc")
 _SKIP_PARTS = {"__pycache__", "build", ".pytest_cache"}
@@ -65,7 +70,7 @@ def input_files(flavor: str, series_dir: Path, root: Path = ROOT) -> dict[str, P
     from pdstack.image.patches import read_series
 
     if flavor == "prod":
-        files = expand(("images/prod/Dockerfile", "images/prod/jit_aot.py", *PROD_TOOLS, *KERNEL_SOURCES), root)
+        files = expand((*PROD_IMAGE_FILES, *PROD_TOOLS, *KERNEL_SOURCES), root)
         # Only what the series lists: a stray file beside it is not an input and is not copied.
         files[rel(series_dir / "series")] = series_dir / "series"
         files |= {rel(p): p for p in read_series(series_dir)}
@@ -87,7 +92,8 @@ def compute_inputs(flavor: str, base_ref: str, *, series_dir: Path | None = None
         from pdstack.image.patches import series_hash
 
         pins = {"sglang": sglang_version(), "cuda_archs": list(archs), "patch_series": series_dir.name,
-                "patch_series_sha256": series_hash(series_dir), "jit_aot": jit_mode(base_ref)}
+                "patch_series_sha256": series_hash(series_dir), "jit_aot": "require", "checks": "on",
+                "plan_argv_sha256": digest(plan_argv())}
     else:
         pins = {"sglang-router": router_version(), "wheels": wheels or {}}
     inputs = {"flavor": flavor, "files": files, "pins": pins, "base": base_ref}
@@ -95,10 +101,18 @@ def compute_inputs(flavor: str, base_ref: str, *, series_dir: Path | None = None
     return inputs
 
 
+def plan_argv() -> dict[str, dict]:
+    """{server: {flags, env}} of the production plan on the reference topology (what checks.py parses in the image).
+
+    Derived from the inventory and the recorded facts, so its digest is a pin: an inventory edit that changes a
+    server's flags rebuilds the checks layer, and nothing else does."""
+    from pdstack.controller import inventory, planner
+
+    dep = inventory.load(ROOT / PLAN_INVENTORY)
+    facts = planner.load_facts(ROOT / PLAN_FACTS, list(dep.hosts))
+    plan = planner.make_plan(dep, facts, require_image=False)
+    return {s.name: {"role": s.role, "flags": list(s.flags), "env": dict(s.env)} for s in plan.servers}
+
+
 def image_tag(inputs: dict[str, Any]) -> str:
     return f"{REPOS[inputs['flavor']]}:{inputs['sha256'][:16]}"
-
-
-def jit_mode(base_ref: str) -> str:
-    """require on a real base; auto on the offline one (CPU torch: SGLang's JIT cannot run there)."""
-    return "auto" if base_ref.startswith(OFFLINE_BASE_REPO + ":") else "require"

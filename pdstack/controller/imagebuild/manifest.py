@@ -43,6 +43,10 @@ def format_manifest(m: dict[str, Any]) -> str:
             ("result", f"{'no-op' if m['noop'] else 'built'} in {m['seconds']:.1f} s")]
     rows += [(k.removeprefix("io.pdstack."), v) for k, v in sorted(m["labels"].items())
              if k.startswith("io.pdstack.") or k.endswith(".revision")]
+    if m.get("build_seconds") is not None:
+        rows.append(("docker build", f"{m['build_seconds']:.0f} s"))
+    if m.get("sbom"):
+        rows.append(("sbom", f"{m['sbom']['path']} ({m['sbom']['components']} components, {m['sbom']['format']})"))
     if m.get("saved"):
         rows.append(("saved", f"{m['saved']['path']} (sha256 {m['saved']['sha256'][:16]})"))
     width = max(len(k) for k, _ in rows)

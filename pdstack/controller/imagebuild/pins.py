@@ -25,20 +25,17 @@ def router_version() -> str:
     return pin(ROOT / "requirements" / "lock.txt", "sglang-router")
 
 
-def torch_version() -> str:
-    return pin(ROOT / "requirements" / "lock.txt", "torch")
-
-
 def default_series_dir() -> Path:
     return ROOT / "kernels" / "patches" / f"sglang-{sglang_version()}"
 
 
 def default_base(flavor: str) -> str:
-    """images/bases.yaml's entry for the flavor (offline / local / an image reference)."""
+    """images/bases.yaml's entry for the flavor (locked / local / an image reference)."""
     import yaml
 
     bases = yaml.safe_load((IMAGES / "bases.yaml").read_text()) or {}
     ref = str(bases.get(flavor) or "").strip()
     if not ref:
-        raise BuildError(f"images/bases.yaml has no base for flavor {flavor!r}: add `{flavor}: offline` or a reference")
+        raise BuildError(f"images/bases.yaml has no base for flavor {flavor!r}: add "
+                         f"`{flavor}: locked` (prod), `local` (sim) or a reference")
     return ref

@@ -8,13 +8,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pdstack.controller.imagebuild.bases import resolve_base
+from pdstack.controller.imagebuild.bases import LOCKED_BASE_REPO, PROD_LOCK, PROD_WHEELS, resolve_base
 from pdstack.controller.imagebuild.common import BUILD_DIR, CUDA_ARCHS, FLAVORS, BuildError, echo, lock, rel
 from pdstack.controller.imagebuild.contexts import prod_context, sim_context, sim_wheels
 from pdstack.controller.imagebuild.engine import client, docker_build, image_exists
 from pdstack.controller.imagebuild.inputs import compute_inputs, image_tag
 from pdstack.controller.imagebuild.manifest import check_labels, git_revision, manifest_path
 from pdstack.controller.imagebuild.pins import default_series_dir, router_version
+from pdstack.controller.imagebuild.sbom import write_sbom
 from pdstack.controller.imagebuild.ship import push_image, save_image
 
 
@@ -32,6 +33,7 @@ def build(flavor: str = "prod", base: str | None = None, save: str | None = None
     inputs = compute_inputs(flavor, base_ref, series_dir=series, archs=archs, wheels=wheels)
     tag = image_tag(inputs)
     noop = image_exists(c, tag)
+    build_seconds = None
     if noop:
         echo(f"{tag} exists (inputs unchanged): nothing to build")
     else:
@@ -47,12 +49,15 @@ def build(flavor: str = "prod", base: str | None = None, save: str | None = None
                         pins = inputs["pins"]
                         args |= {"SGLANG_VERSION": pins["sglang"], "CUDA_ARCHS": " ".join(archs),
                                  "PATCH_SERIES": pins["patch_series"],
-                                 "PATCH_SERIES_SHA256": pins["patch_series_sha256"], "JIT_AOT": pins["jit_aot"]}
+                                 "PATCH_SERIES_SHA256": pins["patch_series_sha256"], "JIT_AOT": pins["jit_aot"],
+                                 "CHECKS": pins["checks"]}
                     else:
                         assert wheels_folder is not None and wheels is not None
                         sim_context(ctx, wheels_folder, wheels)
                         args |= {"ROUTER_VERSION": router_version()}
+                    t_build = time.monotonic()
                     docker_build(c, ctx, tag, args, f"{flavor} image")
+                    build_seconds = round(time.monotonic() - t_build, 1)
     img = c.images.get(tag)
     labels = img.attrs.get("Config", {}).get("Labels") or {}
     check_labels(flavor, labels, inputs)
@@ -66,8 +71,16 @@ def build(flavor: str = "prod", base: str | None = None, save: str | None = None
         "inputs_sha256": inputs["sha256"],
         "inputs": {"files": inputs["files"], "pins": inputs["pins"]},
         "noop": noop,
+        "build_seconds": build_seconds,
         "git_revision": git_revision(),
     }
+    if flavor == "prod":
+        if base_ref.startswith(LOCKED_BASE_REPO + ":"):
+            out["sbom"] = write_sbom(PROD_LOCK, PROD_WHEELS)
+        else:
+            out["sbom"] = None
+            out["sbom_note"] = (f"no SBOM: base {base_ref} is not ours (requirements/prod-image.lock describes only "
+                                "the locked base); scan that image with its vendor's SBOM")
     if save:
         out["saved"] = save_image(c, img, tag, Path(save))
     if push:

@@ -60,7 +60,9 @@ def save_image(c, img, tag: str, path: Path) -> dict[str, Any]:
     return meta
 
 
-def push_image(c, img, tag: str, registry: str) -> str:
+def push_image(c, img, tag: str, registry: str) -> dict[str, str]:
+    """Tag and push REGISTRY/<repo>:<tag>; {ref, digest_ref}: digest_ref (REGISTRY/<repo>@sha256:...) is what a host
+    pulls, so it gets exactly this image whatever the tag later points at."""
     repo, _, version = tag.partition(":")
     target = f"{registry.rstrip('/')}/{repo}"
     img.tag(target, version)
@@ -76,4 +78,8 @@ def push_image(c, img, tag: str, registry: str) -> str:
     except Exception as e:
         raise BuildError(f"pushing {target}:{version} failed: {e}\nFix: check that {registry} is reachable "
                          "(docker login), or use --save and let the playbooks load the tarball") from e
-    return f"{target}:{version}"
+    pushed = c.images.get(f"{target}:{version}").attrs.get("RepoDigests") or []
+    digest_ref = next((d for d in pushed if d.startswith(target + "@")), None)
+    if digest_ref is None:
+        raise BuildError(f"pushed {target}:{version} but the engine reports no repo digest for it: {pushed}")
+    return {"ref": f"{target}:{version}", "digest_ref": digest_ref}

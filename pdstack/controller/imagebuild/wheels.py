@@ -6,12 +6,19 @@ into build/wheels/<set>-<hash>/ and installed in the image with --no-index.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
+import ipaddress
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from pdstack.controller.imagebuild.common import BUILD_DIR, ROOT, BuildError, digest, echo, sha256_file
@@ -80,8 +87,70 @@ def build_wheel(src: Path, items: tuple[str, ...], out: Path) -> Path:
                 shutil.copytree(src / item, work / item, ignore=ignore)
             else:
                 shutil.copy2(src / item, work / item)
+        # SOURCE_DATE_EPOCH: the same sources give the same wheel bytes, so the image's COPY of it stays cached
+        # (and every layer after it).
         r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                            "-w", str(out), str(work)], capture_output=True, text=True)
+                            "-w", str(out), str(work)], capture_output=True, text=True,
+                           env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"})
         if r.returncode != 0:
             raise BuildError(f"building a wheel of {src} failed:\n{r.stdout[-1500:]}{r.stderr[-1500:]}")
     return next(out.glob("*.whl"))
+
+
+def download_locked(lock: Path, folder: Path) -> dict[str, float]:
+    """Fill `folder` with every wheel of the hash-locked `lock` (pip download --require-hashes --no-deps).
+
+    pip keeps a file that is already there and matches its hash, so a filled cache downloads nothing more.
+    Returns {"seconds", "bytes"} of the folder afterwards.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    echo(f"wheels: filling {rel_or_abs(folder)} from {lock.name} on the host (pip download --require-hashes)")
+    args = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes", "--only-binary", ":all:",
+            "-d", str(folder), "-r", str(lock)]
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != 0:
+        err = "\n".join(ln for ln in r.stderr.splitlines() if not ln.startswith("WARNING: Location"))
+        raise BuildError(f"pip download of {lock} failed:\n{err[-3000:]}\n"
+                         "Fix: the host's pip must reach PyPI (see /etc/pip.conf); after editing "
+                         "requirements/prod-image.in run `invoke lock.prod-image`")
+    size = sum(p.stat().st_size for p in folder.glob("*.whl"))
+    echo(f"wheels: {len(list(folder.glob('*.whl')))} wheels, {size / 1e9:.2f} GB, in {time.monotonic() - t0:.0f} s")
+    return {"seconds": round(time.monotonic() - t0, 1), "bytes": size}
+
+
+def rel_or_abs(p: Path) -> str:
+    try:
+        return str(p.relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the base class's signature
+        pass
+
+
+WHEELS_PORT = 47623  # fixed, so a retried build finds the install layer in its cache (the URL is a build arg)
+
+
+@contextlib.contextmanager
+def serve_wheels(c, folder: Path) -> Iterator[str]:
+    """Serve `folder` read-only over HTTP on the docker bridge's gateway address, for `pip --find-links` in a build.
+
+    The wheels never enter the build context nor a layer; the server listens only while the build runs."""
+    ipam = c.networks.get("bridge").attrs["IPAM"]["Config"][0]
+    # The default bridge often reports only its subnet; its gateway (docker0) is then the subnet's first address.
+    gateway = ipam.get("Gateway") or str(next(ipaddress.ip_network(ipam["Subnet"]).hosts()))
+    handler = functools.partial(_QuietHandler, directory=str(folder))
+    try:
+        server = http.server.ThreadingHTTPServer((gateway, WHEELS_PORT), handler)
+    except OSError:
+        server = http.server.ThreadingHTTPServer((gateway, 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{gateway}:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
