@@ -34,6 +34,14 @@ def test_defaults_and_argument_specs_agree(role: Path):
 
 
 @pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
+def test_a_roles_plan_input_points_at_the_plan_schema(role: Path):
+    for ep in _specs(role).values():
+        o = (ep.get("options") or {}).get(f"{role.name}_plan")
+        if o:
+            assert "pdstack/controller/plan.schema.json" in o["description"], f"{role.name}_plan: name the schema"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
 def test_every_entry_point_has_its_tasks_file(role: Path):
     for ep in _specs(role):
         assert (role / "tasks" / f"{ep}.yml").exists(), f"{role.name}: argument_specs entry {ep} has no tasks/{ep}.yml"
