@@ -89,10 +89,16 @@ def test_dashboard_hygiene(d):
 
 
 def test_role_provisions_dashboards_into_the_sglang_folder_never_general():
-    prov = (ROOT / "roles/monitoring/templates/etc/grafana/provisioning/dashboards/pdstack.yaml.j2").read_text()
-    assert "folder: {{ monitoring_grafana_folder | to_json }}" in prov
-    defaults = yaml.safe_load((ROOT / "roles/monitoring/defaults/main.yml").read_text())
-    assert defaults["monitoring_grafana_folder"] == dashboards.FOLDER == "sglang"
+    prov = (ROOT / "roles/grafana/templates/etc/grafana/provisioning/dashboards/pdstack.yaml.j2").read_text()
+    assert "folder: {{ grafana_folder | to_json }}" in prov
+    defaults = yaml.safe_load((ROOT / "roles/grafana/defaults/main.yml").read_text())
+    assert defaults["grafana_folder"] == "{{ grafana_plan.monitoring.grafana.folder }}"
+    ds = (ROOT / "roles/grafana/templates/etc/grafana/provisioning/datasources/pdstack.yaml.j2").read_text()
+    assert "uid: {{ grafana_plan.monitoring.grafana.datasource_uid | to_json }}" in ds
+    # the one definition reaches the role through the plan
+    plan = _plan("inventory/production", "reference-2node-8gpu.json")
+    assert plan["monitoring"]["grafana"] == {"datasource_uid": dashboards.DATASOURCE_UID, "folder": dashboards.FOLDER}
+    assert dashboards.FOLDER == "sglang"
 
 
 def _plan(inv: str, topo: str) -> dict:

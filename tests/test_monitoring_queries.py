@@ -52,7 +52,8 @@ def test_plan(prefill: SimProcess, decode: SimProcess, router: RouterProcess) ->
     return {"inventory": "tests/test_monitoring_queries", "engine": "sim",
             "servers": [server(prefill, "prefill-0", 0), server(decode, "decode-0", 0)],
             "router": {"host": HOST, "address": LOCALHOST, "prometheus_port": router.metrics_port,
-                       "flags": ["--pd-disaggregation", *ADMISSION]},
+                       "flags": ["--pd-disaggregation", *ADMISSION],
+                       "admission": {"max_concurrent_requests": 1, "queue_size": 2, "queue_timeout_secs": 1}},
             "monitoring_hosts": [HOST]}
 
 

@@ -39,12 +39,13 @@ import torch.nn.functional as F
 
 from pdstack.errors import PdstackError
 from pdstack.image.patches import PatchError, apply_series, read_series, series_hash
+from pdstack.switches import BF16_INDEX_K_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 SERIES = ROOT / "kernels" / "patches" / "sglang-0.5.23"
 SITE = Path(sysconfig.get_paths()["purelib"])
 RECORD = SITE / "sglang-0.5.23.dist-info" / "RECORD"
-ENV = "PDSTACK_DSV4_BF16_INDEX_K"
+ENV = BF16_INDEX_K_ENV  # pdstack/switches.py: the one definition
 
 POOL = "sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
 CUH = "sglang/kernels/jit/csrc/deepseek_v4/fused_norm_rope_v2.cuh"
@@ -184,6 +185,12 @@ def test_series_lists_four_patches_with_headers():
     for p in patches:
         head = p.read_text().split("\n--- a/", 1)[0]
         assert head.startswith(f"pdstack {p.name[:4]}:") and "What:" in head and "Why:" in head, p.name
+
+
+def test_series_reads_the_switch_the_planner_sets():
+    # the planner and the sim take the name from pdstack/switches.py; the patched SGLang reads it
+    pool = next(p for p in read_series(SERIES) if p.name.startswith("0001")).read_text()
+    assert f'+PDSTACK_BF16_INDEX_K_ENV = "{ENV}"' in pool
 
 
 def test_series_applies_cleanly_and_is_idempotent(trees, tmp_path):

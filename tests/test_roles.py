@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,32 +12,87 @@ ROOT = Path(__file__).resolve().parents[1]
 ROLES = sorted(p for p in (ROOT / "roles").iterdir() if p.is_dir())
 
 
+def _specs(role: Path) -> dict:
+    return yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+
+
 @pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
 def test_defaults_and_argument_specs_agree(role: Path):
     defaults_file = role / "defaults" / "main.yml"
     defaults = yaml.safe_load(defaults_file.read_text()) if defaults_file.exists() else {}
-    specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
-    documented = set(specs["main"].get("options") or {})
+    specs = _specs(role)
+    # every entry point's options (preflight has no `main`: each of its steps is one), less the required parameters
+    # of an entry point, which have no default by design (wait_ready_url)
+    options = {name: o for ep in specs.values() for name, o in (ep.get("options") or {}).items()}
+    documented = {name for name, o in options.items() if not o.get("required")}
     assert set(defaults or {}) == documented, (
         f"{role.name}: defaults/main.yml and meta/argument_specs.yml disagree: only in defaults "
         f"{sorted(set(defaults) - documented)}, only in specs {sorted(documented - set(defaults))}")
-    for name in defaults or {}:
+    for name in options:
         assert name.startswith(f"{role.name}_"), f"{role.name}: public variable {name} lacks the role prefix"
-        assert specs["main"]["options"][name].get("description"), f"{role.name}: {name} is undocumented"
+        assert options[name].get("description"), f"{role.name}: {name} is undocumented"
 
 
 @pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
-def test_defaults_are_commented(role: Path):
-    f = role / "defaults" / "main.yml"
-    if not f.exists():
-        return
-    lines = f.read_text().splitlines()
-    for i, line in enumerate(lines):
-        if line and not line.startswith((" ", "#", "-")):
-            assert i > 0 and lines[i - 1].startswith("#"), f"{role.name}: '{line}' has no comment above it"
+def test_a_roles_plan_input_points_at_the_plan_schema(role: Path):
+    for ep in _specs(role).values():
+        o = (ep.get("options") or {}).get(f"{role.name}_plan")
+        if o:
+            assert "pdstack/controller/plan.schema.json" in o["description"], f"{role.name}_plan: name the schema"
 
 
 @pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
-def test_templates_start_with_ansible_managed(role: Path):
-    for t in (role / "templates").rglob("*.j2") if (role / "templates").exists() else []:
-        assert "ansible_managed" in t.read_text().splitlines()[0], t
+def test_every_entry_point_has_its_tasks_file(role: Path):
+    for ep in _specs(role):
+        assert (role / "tasks" / f"{ep}.yml").exists(), f"{role.name}: argument_specs entry {ep} has no tasks/{ep}.yml"
+    if not (role / "tasks" / "main.yml").exists():
+        assert "main" not in _specs(role), role.name
+
+
+@pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
+def test_each_role_has_a_readme_naming_every_public_variable_and_entry_point(role: Path):
+    readme = role / "README.md"
+    assert readme.exists(), f"{role.name}: no README.md"
+    text = readme.read_text()
+    assert text.startswith(f"# Role `{role.name}`"), f"{readme}: should start with '# Role `{role.name}`'"
+    specs = _specs(role)
+    for ep in specs.values():
+        for name in ep.get("options") or {}:
+            assert f"`{name}`" in text, f"{readme}: does not document `{name}`"
+    for ep in specs:
+        if ep != "main":
+            assert f"tasks_from: {ep}" in text, f"{readme}: does not describe entry point `tasks_from: {ep}`"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
+def test_private_variables_stay_inside_their_role(role: Path):
+    """STYLE.md: registered/private variables are `__<role>_*`, and no other role or playbook reads them."""
+    own = f"__{role.name}_"
+    for f in role.rglob("*"):
+        if f.suffix in (".yml", ".j2"):
+            for var in set(re.findall(r"\b__[a-z][a-z0-9_]*", f.read_text())) - {"__init__"}:
+                assert var.startswith(own), f"{f.relative_to(ROOT)}: {var} is not {own}* (a private variable of " \
+                                            "another role, or unprefixed)"
+
+
+def test_playbooks_read_no_role_private_variables():
+    for f in sorted((ROOT / "playbooks").glob("*.yml")):
+        own = f"__{f.stem}_"
+        for var in set(re.findall(r"\b__[a-z][a-z0-9_]*", f.read_text())):
+            assert var.startswith(own), f"playbooks/{f.name}: {var} belongs to a role (use its public output)"
+
+
+def test_playbook_phase_numbers_follow_site_order():
+    site = yaml.safe_load((ROOT / "playbooks" / "site.yml").read_text())
+    order = [p["ansible.builtin.import_playbook"] for p in site]
+    phases = [f for f in order if (ROOT / "playbooks" / f).read_text().startswith("---\n# Phase ")]
+    for n, f in enumerate(phases, start=1):
+        head = (ROOT / "playbooks" / f).read_text().splitlines()[1]
+        assert head.startswith(f"# Phase {n}:"), f"playbooks/{f}: says {head!r}, but it is phase {n} in site.yml"
+
+
+def test_readme_layout_lists_every_role():
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Repository layout"):]
+    for role in ROLES:
+        assert f"\n  {role.name}/ " in layout, f"README's Repository layout does not list role {role.name}"

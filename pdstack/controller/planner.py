@@ -19,12 +19,15 @@ from typing import Any
 
 from pdstack.controller import flags, inventory, preflight
 from pdstack.controller.inventory import Deployment
+from pdstack.controller.monitoring import DATASOURCE_UID, FOLDER
 from pdstack.errors import FactsError, InventoryError
+from pdstack.switches import BF16_INDEX_K_ENV  # read by our SGLang patch series (kernels/patches)
 
+# The plan's contract with the roles: what every field is. make_plan's output is checked against it.
+SCHEMA_FILE = Path(__file__).with_name("plan.schema.json")
 SGLANG_LAUNCHER = ["python3", "-m", "sglang.launch_server"]
 SIM_LAUNCHER = ["pdstack", "sim"]  # the TEST ENGINE; accepts SGLang's flag names
 ROUTER_LAUNCHER = ["python3", "-m", "sglang_router.launch_router"]
-BF16_INDEX_K_ENV = "PDSTACK_DSV4_BF16_INDEX_K"  # read by our SGLang patch series (kernels/patches)
 # DeepGEMM's paged MQA logits has no sm_120 build: SGLang 0.5.23 takes its torch path (which our patch series
 # routes to pdstack_kernels for bf16 keys) only with this set (dsv4/indexer.py, dsv4/metadata.py).
 SM120_INDEXER_ENV = "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH"
@@ -73,6 +76,8 @@ class RouterPlan:
     decode: list[dict[str, Any]]
     flags: list[str]
     argv: list[str]
+    # the admission limits its argv carries, as numbers (the monitoring textfile and alerts read these)
+    admission: dict[str, int]
 
 
 @dataclass
@@ -88,6 +93,8 @@ class Plan:
     router: RouterPlan
     monitoring_hosts: list[str]
     warnings: list[str]
+    # where Prometheus/Grafana run and the Grafana names the dashboards use: {hosts, grafana: {datasource_uid, folder}}
+    monitoring: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,9 +102,26 @@ class Plan:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
+    def validate(self) -> Plan:
+        """Check the plan against plan.schema.json; a mismatch is a planner bug (or a field added without the
+        schema), never a user error."""
+        problems = schema_problems(self.to_dict())
+        if problems:
+            raise AssertionError(f"the plan does not match {SCHEMA_FILE.name} (a pdstack bug): " + "; ".join(problems))
+        return self
+
     def for_host(self, host: str) -> Plan:
         servers = [s for s in self.servers if s.host == host]
         return Plan(**{**self.__dict__, "servers": servers})
+
+
+def schema_problems(plan: dict[str, Any]) -> list[str]:
+    """Every way `plan` (a plan as JSON data) departs from plan.schema.json, as '<path>: <what>'."""
+    import jsonschema  # only here: importing it costs ~0.1 s
+
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
+    return [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}"
+            for e in sorted(validator.iter_errors(plan), key=lambda e: list(map(str, e.absolute_path)))]
 
 
 def load_facts(path: str | Path | None, hosts: list[str]) -> dict[str, dict]:
@@ -282,11 +306,15 @@ def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fal
     router = RouterPlan(host=rh.name, address=rh.address, port=dep.router["port"],
                         prometheus_port=dep.router["prometheus_port"], url=f"http://{rh.address}:{dep.router['port']}",
                         metrics_url=f"http://{rh.address}:{dep.router['prometheus_port']}/metrics",
-                        prefill=prefill, decode=decode, flags=rf, argv=[*ROUTER_LAUNCHER, *rf])
+                        prefill=prefill, decode=decode, flags=rf, argv=[*ROUTER_LAUNCHER, *rf],
+                        admission={k: int(dep.router["admission"][k])
+                                   for k in ("max_concurrent_requests", "queue_size", "queue_timeout_secs")})
     ref, image_id, tarball = resolve_image(dep.image, dep.warnings, require=require_image)
     return Plan(inventory=dep.source, environment=dep.environment, engine=dep.image["engine"], image=ref,
                 image_id=image_id, image_tarball=tarball, model=dep.model, servers=servers, router=router,
-                monitoring_hosts=dep.monitoring_hosts, warnings=dep.warnings)
+                monitoring_hosts=dep.monitoring_hosts, warnings=dep.warnings,
+                monitoring={"hosts": list(dep.monitoring_hosts),
+                            "grafana": {"datasource_uid": DATASOURCE_UID, "folder": FOLDER}})
 
 
 def render_text(plan: Plan) -> str:
@@ -332,7 +360,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     dep = inventory.load(args.inventory, resolved=args.vars)
     facts = load_facts(inventory.facts_path(args), list(dep.hosts))
-    plan = make_plan(dep, facts, require_image=args.require_image)
+    plan = make_plan(dep, facts, require_image=args.require_image).validate()
     if args.host:
         if args.host not in dep.hosts:
             raise InventoryError([f"--host {args.host}: not in {args.inventory} (hosts: {', '.join(dep.hosts)})"])

@@ -30,6 +30,7 @@ SIM_SOURCES = (
     "pdstack/__main__.py",
     "pdstack/cli.py",
     "pdstack/errors.py",
+    "pdstack/switches.py",
     "pdstack/testing/__init__.py",
     "pdstack/testing/sim",
 )

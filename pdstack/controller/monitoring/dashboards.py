@@ -18,8 +18,8 @@ from grafana_foundation_sdk.builders import timeseries as gts
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
 
-DATASOURCE_UID = "pdstack-prometheus"  # provisioned by the monitoring role with this uid
-FOLDER = "sglang"  # provisioned into this folder, never General (anonymous viewers get 403 there)
+from pdstack.controller.monitoring import DATASOURCE_UID, FOLDER
+
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
 RATE = "$__rate_interval"  # the rate window Grafana picks for the scrape interval and the zoom
 ROOT = Path(__file__).resolve().parents[3]

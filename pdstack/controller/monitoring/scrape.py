@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pdstack.hostside.facts import parse_cpulist
+
 # Ports of the exporters on every host (Debian's prometheus-node-exporter default; dcgm-exporter's default).
 NODE_EXPORTER_PORT = 9100
 DCGM_EXPORTER_PORT = 9400
@@ -63,21 +65,6 @@ def prometheus_config(plan: dict[str, Any], *, hosts: dict[str, str] | None = No
     }
 
 
-def _cpu_list(spec: str) -> list[int]:
-    out: list[int] = []
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
-def _flag(argv: list[str], name: str) -> str | None:
-    return argv[argv.index(name) + 1] if name in argv else None
-
-
 def textfile_metrics(plan: dict[str, Any], host: str, facts: dict[str, Any] | None) -> str:
     """pdstack's own metrics for node_exporter's textfile collector on `host` (pdstack.prom): which CPU belongs to
     which NUMA node (to aggregate node_cpu_seconds_total per NUMA node), each server's NUMA node and HiCache host
@@ -87,7 +74,7 @@ def textfile_metrics(plan: dict[str, Any], host: str, facts: dict[str, Any] | No
         lines += ["# HELP pdstack_numa_node_cpu 1 for each CPU of each NUMA node (from the host's facts).",
                   "# TYPE pdstack_numa_node_cpu gauge"]
         for n in facts["numa_nodes"]:
-            lines += [f'pdstack_numa_node_cpu{{numa_node="{n["id"]}",cpu="{c}"}} 1' for c in _cpu_list(n["cpus"])]
+            lines += [f'pdstack_numa_node_cpu{{numa_node="{n["id"]}",cpu="{c}"}} 1' for c in parse_cpulist(n["cpus"])]
     servers = [s for s in plan["servers"] if s["host"] == host]
     if servers:
         lines += ["# HELP pdstack_server_info A pdstack server on this host, its role and NUMA node.",
@@ -102,11 +89,11 @@ def textfile_metrics(plan: dict[str, Any], host: str, facts: dict[str, Any] | No
                          f"{int(gb * 2**30)}")
     r = plan["router"]
     if r["host"] == host:
-        mcr, qs = _flag(r["flags"], "--max-concurrent-requests"), _flag(r["flags"], "--queue-size")
+        adm = r["admission"]  # the plan's numbers, the same ones the router's argv carries
         lines += ["# HELP pdstack_router_max_concurrent_requests The router's --max-concurrent-requests (-1: none).",
                   "# TYPE pdstack_router_max_concurrent_requests gauge",
-                  f"pdstack_router_max_concurrent_requests {mcr if mcr is not None else -1}",
+                  f"pdstack_router_max_concurrent_requests {adm['max_concurrent_requests']}",
                   "# HELP pdstack_router_queue_size The router's --queue-size (admission queue length).",
                   "# TYPE pdstack_router_queue_size gauge",
-                  f"pdstack_router_queue_size {qs if qs is not None else 100}"]
+                  f"pdstack_router_queue_size {adm['queue_size']}"]
     return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ import signal
 import sys
 
 from pdstack.errors import PdstackError
+from pdstack.switches import BF16_INDEX_K_ENV  # the switch of pdstack's SGLang patch series
 from pdstack.testing.sim import TEST_ENGINE_LABEL
 
 # SGLang 0.5.23 choices, copied from sglang.srt.server_args (tests/sim checks them against the installed sglang).
@@ -72,8 +73,6 @@ IGNORED_SGLANG_FLAGS: list[tuple[tuple[str, ...], dict]] = [
 ]
 
 
-# The environment switch of pdstack's SGLang patch series (kernels/patches): bf16 DSA index keys.
-BF16_INDEX_K_ENV = "PDSTACK_DSV4_BF16_INDEX_K"
 FP8_COLLAPSE_HORIZON = 2048  # index_topk 512 x compress ratio 4: where fp8 index keys lost recall in the field
 
 
