@@ -142,7 +142,7 @@ def test_max_queued_with_router_admission_is_a_warning_not_an_error(inv: Path):
 
 
 def test_all_problems_are_listed_at_once(inv: Path):
-    _edit(inv, SERVERS, servers(lambda s: (s[0].update(tp_size=3), s[1]["ports"].update(http=30000))))
+    _edit(inv, SERVERS, servers(lambda s: (s[0].update(tp_size=2), s[1]["ports"].update(http=30000))))
     with pytest.raises(InventoryError) as err:
         plan(inv)
     assert len(err.value.problems) == 2
