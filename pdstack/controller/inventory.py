@@ -67,7 +67,8 @@ def _extra_args(v: dict) -> str | None:
 
 
 MODEL = Schema("pdstack_model", {
-    "path": Field((str,), "model directory on the host, mounted read-only into the server", check=rules.host_path_problem),
+    "path": Field((str,), "model directory on the host, mounted read-only into the server",
+                  check=rules.host_path_problem),
     "served_name": Field((str,), "name clients ask for (--served-model-name)"),
     "context_length": Field((int,), "maximum context length in tokens (--context-length)", check=_positive),
     "family": Field((str,), "model family: deepseek_v4 turns on DeepSeek-V4 rules (no --hicache-size, DSA index keys)",
@@ -143,8 +144,10 @@ ADMISSION = Schema("admission", {
 
 RETRIES = Schema("retries", {
     "max_retries": Field((int,), "retries per request (--retry-max-retries)", default=5, check=_non_negative),
-    "initial_backoff_ms": Field((int,), "first retry backoff, ms (--retry-initial-backoff-ms)", default=50, check=_non_negative),
-    "max_backoff_ms": Field((int,), "retry backoff cap, ms (--retry-max-backoff-ms)", default=30000, check=_non_negative),
+    "initial_backoff_ms": Field((int,), "first retry backoff, ms (--retry-initial-backoff-ms)", default=50,
+                                check=_non_negative),
+    "max_backoff_ms": Field((int,), "retry backoff cap, ms (--retry-max-backoff-ms)", default=30000,
+                            check=_non_negative),
 })
 
 HEALTH = Schema("health_check", {
@@ -338,7 +341,8 @@ def build_deployment(hostvars: dict[str, dict[str, Any]], groups: dict[str, list
             groups=sorted(g for g, members in groups.items()
                           if isinstance(members, list) and name in members and g not in ("all", "ungrouped")),
             servers=servers if isinstance(servers, list) else [],
-            numa_reserve_gb=float(reserve) if isinstance(reserve, int | float) and not isinstance(reserve, bool) else 0.0,
+            numa_reserve_gb=float(reserve) if isinstance(reserve, int | float) and not isinstance(reserve, bool)
+            else 0.0,
             address_source="pdstack_address" if isinstance(address, str) and address else "ansible_host",
         )
 

@@ -135,6 +135,9 @@ def _extra_arg_problems(parser, where: str, key: str, value: Any, owned: dict, r
     if a.dest in owned:
         flag, var = owned[a.dest]
         same = "" if flag == key else f" (it sets the same setting as --{flag}: {a.dest})"
+        if var.startswith("nothing"):
+            return [f"{path}: the planner renders --{flag} itself{same}, {var[len('nothing '):].strip('()')}; "
+                    f"remove extra_args.{key}"]
         return [f"{path}: the planner renders --{flag} itself{same}; set {var} instead and remove extra_args.{key}"]
     if a.dest in refused:
         return [f"{path}: {refused[a.dest]}; remove extra_args.{key}"]
@@ -353,7 +356,8 @@ def _pd_agreement_problems(dep: Deployment, servers, p: list[str]) -> None:
             return "default"
         differ(f"--{flag} (extra_args)", f"set extra_args.{flag} to the same value on every prefill and decode "
                "server (or on none)", value)
-    names = sorted({k for _h, _i, s in pd for k in s["env"] if str(k).startswith(KV_ENV_PREFIXES)})
+    owned = owned_env()  # refused per server already
+    names = sorted({k for _h, _i, s in pd for k in s["env"] if str(k).startswith(KV_ENV_PREFIXES) and k not in owned})
     for k in names:
         differ(f"env.{k}", f"set env.{k} to the same value on every prefill and decode server (or on none)",
                lambda s, k=k: repr(s["env"].get(k, "unset")) if k in s["env"] else "unset")
@@ -496,8 +500,8 @@ def _address_problems(dep: Deployment, p: list[str], deploy: bool) -> None:
             p.append(f"{var}: {h.address} is a multicast or reserved address; give the host's real address")
         net = rules.doc_net(a)
         if net and dep.environment == "production":
-            msg = (f"{var}: {h.address} is in the documentation range {net} (the production example's placeholder); "
-                   "put the host's real address there")
+            msg = (f"{var}: {h.address} is in the documentation range {net} (addresses for examples, like the "
+                   "production example's placeholder, never a real host); put the host's real address there")
             if deploy:
                 p.append(msg)
             else:
@@ -538,8 +542,12 @@ def topology_problems(dep: Deployment, facts: dict[str, dict]) -> list[str]:
             p.append(f"host {h.name}: no facts; run the facts phase (ansible-playbook site.yml --tags facts) or pass "
                      "`pdstack plan --facts FILE|DIR` with a recorded topology")
             continue
-        if "error" in f:
+        if isinstance(f, dict) and "error" in f:
             p.append(f"host {h.name}: the facts script failed on the host: {f['error']}")
+            continue
+        if msg := facts_problem(f):
+            p.append(f"host {h.name}: malformed facts ({msg}); record them again with `pdstack facts` on the host "
+                     "(or re-run the preflight phase)")
             continue
         gpu_count = len(f.get("gpus", []))
         nodes = {n["id"]: n for n in f.get("numa_nodes", [])}
@@ -600,6 +608,28 @@ def topology_problems(dep: Deployment, facts: dict[str, dict]) -> list[str]:
     return p
 
 
+def facts_problem(f: Any) -> str | None:
+    """None when `f` has the shape the facts script writes (schema 1), else what is wrong with it."""
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if not isinstance(f, dict):
+        return f"expected a JSON object, got {type(f).__name__}"
+    nodes, gpus = f.get("numa_nodes"), f.get("gpus", [])
+    if not isinstance(nodes, list) or not nodes or not all(
+            isinstance(n, dict) and is_int(n.get("id")) and isinstance(n.get("cpus"), str)
+            and is_int(n.get("mem_total_mb")) for n in nodes):
+        return "numa_nodes must be a non-empty list of {id, cpus, mem_total_mb}"
+    if not isinstance(gpus, list) or not all(
+            isinstance(g, dict) and is_int(g.get("index")) and is_int(g.get("numa_node")) for g in gpus):
+        return "gpus must be a list of {index, numa_node, ...}"
+    ib = f.get("infiniband", [])
+    if not isinstance(ib, list) or not all(isinstance(n, str) for n in ib):
+        return "infiniband must be a list of device names"
+    if "model" in f and not isinstance(f["model"], dict):
+        return "model must be an object"
+    return None
+
+
 def _ib_problems(host: str, where: str, s: dict, f: dict, p: list[str]) -> None:
     dev = s["transfer"]["ib_device"]
     have = f.get("infiniband")
@@ -629,7 +659,8 @@ def _model_problems(dep: Deployment, h, f: dict, p: list[str]) -> None:
         return
     limit = facts_model.get("context_length")
     if isinstance(limit, int) and m["context_length"] > limit:
-        allowed = [s["name"] for s in h.servers if str(s["env"].get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN")) == "1"]
+        allowed = [s["name"] for s in h.servers
+                   if str(s["env"].get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN")) == "1"]
         if len(allowed) == len(h.servers):
             dep.warnings.append(f"pdstack_model.context_length: {m['context_length']} is beyond the model's "
                                 f"{limit} (config.json); allowed by SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1, but "
