@@ -339,6 +339,21 @@ CASES = [
       lambda d: d["pdstack_router"]["retries"].update(initial_backoff_ms=500, max_backoff_ms=100),
       ["retries.max_backoff_ms", "below initial_backoff_ms 500"]),
 
+    C("context-length-beyond-dsv4", MODEL, model(context_length=10_000_000),
+      ["pdstack_model.context_length", "beyond DeepSeek V4's 1048576-token context", "context_length <= 1048576"]),
+    C("mem-fraction-above-one", SERVERS, extra_kv(0, "mem-fraction-static", 1.5),
+      ["prefill-0).extra_args.mem-fraction-static", "1.5 is out of range", "0 < value < 1"]),
+    C("chunked-prefill-zero", SERVERS, extra_kv(0, "chunked-prefill-size", 0),
+      ["extra_args.chunked-prefill-size", "0 is out of range", "-1 (no chunking)"]),
+    C("page-size-not-power-of-two", SERVERS, servers(lambda s: [x["extra_args"].update({"page-size": 48}) for x in s]),
+      ["extra_args.page-size", "48 is out of range", "a power of two"]),
+    C("one-setting-twice-by-alias", SERVERS, servers(lambda s: s[0]["extra_args"].update(
+        {"ep-size": 4, "expert-parallel-size": 2})),
+      ["prefill-0).extra_args", "ep-size, expert-parallel-size all set ep_size", "keep one of them"]),
+    C("gpu-arch-does-not-match-the-gpus", SERVERS, lambda d: None,
+      ["pdstack_model.gpu_arch: sm_120", "NVIDIA H200 (sm_90)", "set gpu_arch: sm_90"],
+      facts=lambda f: [g.update(name="NVIDIA H200") for g in f["gpus"]], stage="topology"),
+
     # --- every port the deployment listens on, per host
     C("server-on-ssh-port", SERVERS, servers(lambda s: s[0]["ports"].update(http=22)),
       ["prefill-0).ports.http", "port 22 is privileged", "pick a port >= 1024"]),

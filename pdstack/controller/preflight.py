@@ -85,6 +85,24 @@ OWNED_ROUTER_FLAGS = {
 # pdstack_servers, nothing else.
 WORKER_SET_ROUTER_FLAGS = ("worker-urls", "service-discovery", "selector", "prefill-selector", "decode-selector",
                            "service-discovery-port", "service-discovery-namespace", "enable-igw", "mini-lb")
+# SGLang flags whose values SGLang 0.5.23 checks only at startup (ServerArgs), minutes in: their limits, here.
+VALUE_LIMITS = {
+    "mem-fraction-static": (lambda v: 0 < v < 1, "a fraction of GPU memory, 0 < value < 1 (e.g. 0.85)"),
+    "chunked-prefill-size": (lambda v: v == -1 or v > 0, "tokens per prefill chunk > 0, or -1 (no chunking)"),
+    "max-running-requests": (lambda v: v > 0, "> 0"),
+    "max-total-tokens": (lambda v: v > 0, "> 0"),
+    "max-prefill-tokens": (lambda v: v > 0, "> 0"),
+    "watchdog-timeout": (lambda v: v > 0, "seconds > 0"),
+    "cuda-graph-max-bs-decode": (lambda v: v > 0, "> 0"),
+    "cuda-graph-max-bs-prefill": (lambda v: v > 0, "> 0"),
+    "page-size": (lambda v: v > 0 and int(v) & (int(v) - 1) == 0, "tokens per page, a power of two (e.g. 64)"),
+    "schedule-conservativeness": (lambda v: v > 0, "> 0"),
+}
+# Known GPU names -> architecture (pdstack_model.gpu_arch picks kernels and the indexer path by it)
+GPU_ARCHS = (("RTX PRO 6000", "sm_120"), ("RTX 5090", "sm_120"), ("B200", "sm_100"), ("B300", "sm_100"),
+             ("GB200", "sm_100"), ("H100", "sm_90"), ("H200", "sm_90"), ("H800", "sm_90"), ("H20", "sm_90"))
+# The longest context DeepSeek V4 is published with (1M tokens); the facts check reads the exact value on the host.
+DSV4_MAX_CONTEXT = 1048576
 # destinations ending in _port that are not a listener of this server (they name a remote peer's port)
 _REMOTE_PORT_WORDS = ("remote", "seed", "service_discovery")
 
@@ -213,6 +231,10 @@ def _deployment_problems(dep: Deployment, servers, p: list[str]) -> None:
         p.append(f"pdstack_image.ref: {msg}")
     if msg := rules.unit_value_problem(dep.model["served_name"]):
         p.append(f"pdstack_model.served_name: {msg}; use a name like deepseek-v4-flash")
+    if dep.model["family"] == "deepseek_v4" and dep.model["context_length"] > DSV4_MAX_CONTEXT:
+        p.append(f"pdstack_model.context_length: {dep.model['context_length']} is beyond DeepSeek V4's "
+                 f"{DSV4_MAX_CONTEXT}-token context; SGLang refuses to start with a context longer than the model's "
+                 f"(SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN aside): set context_length <= {DSV4_MAX_CONTEXT}")
     roles = {s["role"] for _, _, s in servers}
     for role in ("prefill", "decode"):
         if role not in roles:
@@ -291,7 +313,21 @@ def _server_problems(dep: Deployment, host: str, i: int, s: dict, p: list[str]) 
                _dests(parser, GPU_SET_FLAGS).items()}
     extra = s["extra_args"]
     problems_before = len(p)
+    by_dest: dict[str, list[str]] = defaultdict(list)
+    for key in extra:
+        a = flags.action_for(parser, f"--{key}")
+        if a is not None and extra[key] is not None:
+            by_dest[a.dest].append(key)
+    for dest, keys in by_dest.items():
+        if len(keys) > 1:
+            p.append(f"{where}.extra_args: {', '.join(keys)} all set {dest} (they are one SGLang setting, the last "
+                     f"one would win); keep one of them")
     for key, value in extra.items():
+        if key in VALUE_LIMITS and isinstance(value, int | float) and not isinstance(value, bool):
+            ok, rule = VALUE_LIMITS[key]
+            if not ok(value):
+                p.append(f"{where}.extra_args.{key}: {value} is out of range: {rule} (SGLang 0.5.23 refuses it at "
+                         "startup, after loading for minutes)")
         if key == "hicache-size" and family == "deepseek_v4":
             p.append(f"{where}.extra_args.hicache-size: DeepSeek V4 rejects --hicache-size (ValueError when the "
                      "memory pool is built, minutes into startup); remove it and set hicache.host_budget_gb, "
@@ -587,6 +623,7 @@ def topology_problems(dep: Deployment, facts: dict[str, dict]) -> list[str]:
                     "(weights loading, HiCache, KV transfer staging) crosses the inter-socket link")
             _ib_problems(h.name, where, s, f, p)
         _model_problems(dep, h, f, p)
+        _gpu_arch_problems(dep, h, f, p)
         # HiCache budgets per NUMA node (membind caps each server's host memory to its node). A server whose GPUs
         # straddle nodes without an override has no node yet (refused above): it is left out, so the budget
         # message does not blame a node it was never going to use.
@@ -640,6 +677,23 @@ def _ib_problems(host: str, where: str, s: dict, f: dict, p: list[str]) -> None:
         p.append(f"{where}.transfer.ib_device: {', '.join(missing)} not on host {host} (/sys/class/infiniband has "
                  f"{', '.join(have) if have else 'no devices'}); name one of those, or unset ib_device to let the "
                  "backend pick")
+
+
+def _gpu_arch_problems(dep: Deployment, h, f: dict, p: list[str]) -> None:
+    if dep.image["engine"] != "sglang" or f.get("gpu_source") != "nvidia-smi":
+        return
+    used = {g for s in h.servers for g in s["gpus"]}
+    archs = {}
+    for g in f.get("gpus", []):
+        name = str(g.get("name", ""))
+        arch = next((a for pattern, a in GPU_ARCHS if pattern in name), None)
+        if g["index"] in used and arch is not None:
+            archs.setdefault(arch, name)
+    wrong = {a: n for a, n in archs.items() if a != dep.model["gpu_arch"]}
+    if wrong:
+        arch, name = next(iter(wrong.items()))
+        p.append(f"pdstack_model.gpu_arch: {dep.model['gpu_arch']}, but host {h.name}'s GPUs are {name} ({arch}); "
+                 f"set gpu_arch: {arch} (it picks the kernels and DeepSeek V4's indexer path)")
 
 
 def _model_problems(dep: Deployment, h, f: dict, p: list[str]) -> None:
