@@ -354,6 +354,11 @@ CASES = [
       ["pdstack_model.gpu_arch: sm_120", "NVIDIA H200 (sm_90)", "set gpu_arch: sm_90"],
       facts=lambda f: [g.update(name="NVIDIA H200") for g in f["gpus"]], stage="topology"),
 
+    C("path-flag-outside-the-mount", SERVERS, extra_kv(0, "chat-template", "/etc/pdstack/template.jinja"),
+      ["prefill-0).extra_args.chat-template", "/etc/pdstack/template.jinja is outside pdstack_model.path",
+       "the only host directory the server's container mounts", "put the file under"]),
+    C("env-path", SERVERS, env(0, "PATH", "/opt/bin"), ["env.PATH", "the planner sets PATH itself", "python3"]),
+
     # --- every port the deployment listens on, per host
     C("server-on-ssh-port", SERVERS, servers(lambda s: s[0]["ports"].update(http=22)),
       ["prefill-0).ports.http", "port 22 is privileged", "pick a port >= 1024"]),
@@ -395,6 +400,8 @@ CASES = [
     C("address-localhost-multi-host", None, two_hosts(gpu01_address="localhost"),
       ["host_vars/gpu01 pdstack_address", "localhost is a loopback address"]),
     C("address-ipv6-loopback-multi-host", None, two_hosts(gpu02_address="::1"), ["::1 is a loopback address"]),
+    C("address-loopback-in-production", ADDRESS, address("127.0.0.1"),
+      ["host_vars/gpu01 pdstack_address", "127.0.0.1 is a loopback address", "smoke gate"]),
     C("address-shared-by-two-hosts", None, two_hosts(gpu02_address="10.0.0.11"),
       ["ansible_host of host gpu02", "10.0.0.11 is also the address of host gpu01"]),
     C("address-documentation-range-deploy", None, lambda inv: None,

@@ -127,6 +127,7 @@ def owned_env() -> dict[str, str]:
     from pdstack.controller import planner
 
     env = {"NVIDIA_VISIBLE_DEVICES": "the server's gpus", "CUDA_VISIBLE_DEVICES": "the server's gpus",
+           "PATH": "the image (its PATH finds python3 and the launcher)",
            planner.BF16_INDEX_K_ENV: "pdstack_model.index_k_dtype (the same on prefill and decode)",
            planner.SM120_INDEXER_ENV: "pdstack_model.gpu_arch"}
     env.update({name: f"pdstack_pd.{key}" for key, name in planner.PD_ENV.items()})
@@ -140,7 +141,7 @@ def _str_problem(v: Any) -> str | None:
 
 
 def _extra_arg_problems(parser, where: str, key: str, value: Any, owned: dict, refused: dict,
-                        what: str) -> list[str]:
+                        what: str, model_path: str | None = None) -> list[str]:
     """Problems of one extra_args entry: the flag exists, is not the planner's, and its value has a form the flag
     takes and the unit can carry. `refused`: {dest: (flag, reason)}."""
     path = f"{where}.extra_args.{key}"
@@ -185,6 +186,12 @@ def _extra_arg_problems(parser, where: str, key: str, value: Any, owned: dict, r
             return [f"{path}: --{key} takes JSON, and {value!r} is not valid JSON ({e}); write it as a YAML mapping "
                     "and pdstack renders the JSON"]
     out = []
+    mount = model_path if what.startswith("SGLang") else None
+    if (mount and isinstance(value, str) and value.startswith("/") and value != mount
+            and not value.startswith(mount.rstrip("/") + "/")
+            and any(w in a.dest for w in ("path", "file", "template", "config", "dir"))):
+        out.append(f"{path}: {value} is outside pdstack_model.path {mount}, the only host directory the server's "
+                   f"container mounts (read-only); put the file under {mount} and point --{key} there")
     for word in flags.render_value(value, a):
         if msg := rules.unit_value_problem(word):
             out.append(f"{path}: {msg}; change the value"
@@ -333,7 +340,8 @@ def _server_problems(dep: Deployment, host: str, i: int, s: dict, p: list[str]) 
                      "memory pool is built, minutes into startup); remove it and set hicache.host_budget_gb, "
                      "from which the planner derives --hicache-ratio")
             continue
-        p.extend(_extra_arg_problems(parser, where, key, value, owned, refused, "SGLang 0.5.23"))
+        p.extend(_extra_arg_problems(parser, where, key, value, owned, refused, "SGLang 0.5.23",
+                                     dep.model["path"]))
     if "max-queued-requests" in extra and dep.router["admission"]["max_concurrent_requests"] < 0:
         p.append(f"{where}.extra_args.max-queued-requests: SGLang 0.5.23 ignores it on PD servers (enforced only "
                  "with --disaggregation-mode null), so this server has no admission control; set "
@@ -532,6 +540,10 @@ def _address_problems(dep: Deployment, p: list[str], deploy: bool) -> None:
             p.append(f"{var}: {h.address} is a loopback address, but the deployment spans {len(dep.hosts)} hosts "
                      "and the others reach this one at it (router -> servers, Prometheus -> exporters, prefill <-> "
                      "decode); give the address the other hosts reach it at")
+        elif dep.environment == "production" and rules.is_local(a):
+            p.append(f"{var}: {h.address} is a loopback address; in production the controller runs the smoke gate "
+                     "against the router at it (and operators reach Grafana and the router there): give the "
+                     "address the controller and the other hosts reach the host at")
         elif a.ip is not None and (a.ip.is_multicast or a.ip.is_reserved and a.ip.version == 4):
             p.append(f"{var}: {h.address} is a multicast or reserved address; give the host's real address")
         net = rules.doc_net(a)
