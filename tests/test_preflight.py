@@ -192,6 +192,8 @@ CASES = [
     C("name-too-long", SERVERS, server(0, name="p" * 64), ["pdstack_servers[0].name", "1-63 characters"]),
     C("name-non-ascii", SERVERS, server(0, name="préfill"), ["pdstack_servers[0].name", "not a valid name"]),
     C("name-with-dollar", SERVERS, server(1, name="decode$0"), ["pdstack_servers[1].name", "not a valid name"]),
+    C("name-takes-the-routers-container", SERVERS, server(1, name="router"),
+      ["pdstack_servers[1].name", "'router' is reserved", "container pdstack-router"]),
     C("names-differ-only-in-case", SERVERS, server(1, name="PREFILL-0"),
       ["decode-0" if False else "PREFILL-0", "is also used on gpu01", "unique"]),
 

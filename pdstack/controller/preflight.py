@@ -56,8 +56,10 @@ GPU_SET_FLAGS = ("pp-size", "dp-size", "enable-dp-attention", "base-gpu-id", "gp
 KV_TRANSFER_FLAGS = ("kv-cache-dtype", "page-size", "c128-page-size", "dtype", "quantization", "revision",
                      "json-model-override-args", "speculative-algorithm", "disaggregation-enable-kv-checksum",
                      "load-format")
-# Environment variables prefill and decode must agree on (transfer engines and PD settings).
-KV_ENV_PREFIXES = ("SGLANG_DISAGGREGATION_", "MOONCAKE_", "MC_", "NIXL_", "UCX_", "PDSTACK_")
+# Environment variables prefill and decode must agree on: the transfer engines' protocol settings and pdstack's own
+# (read by our SGLang patches, e.g. the KV page layout). Device names are per host, so they may differ.
+KV_ENV_PREFIXES = ("MOONCAKE_", "MC_", "NIXL_", "UCX_", "PDSTACK_")
+KV_ENV_PER_HOST = ("DEVICE", "HCA", "IFNAME")
 
 OWNED_ROUTER_FLAGS = {
     "pd-disaggregation": "nothing (always PD)", "prefill": "pdstack_servers", "decode": "pdstack_servers",
@@ -401,7 +403,8 @@ def _pd_agreement_problems(dep: Deployment, servers, p: list[str]) -> None:
         differ(f"--{flag} (extra_args)", f"set extra_args.{flag} to the same value on every prefill and decode "
                "server (or on none)", value)
     owned = owned_env()  # refused per server already
-    names = sorted({k for _h, _i, s in pd for k in s["env"] if str(k).startswith(KV_ENV_PREFIXES) and k not in owned})
+    names = sorted({k for _h, _i, s in pd for k in s["env"] if str(k).startswith(KV_ENV_PREFIXES) and k not in owned
+                    and not any(w in str(k) for w in KV_ENV_PER_HOST)})
     for k in names:
         differ(f"env.{k}", f"set env.{k} to the same value on every prefill and decode server (or on none)",
                lambda s, k=k: repr(s["env"].get(k, "unset")) if k in s["env"] else "unset")

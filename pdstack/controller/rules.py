@@ -24,9 +24,18 @@ NAME_RULE = ("1-63 characters of letters, digits, '.', '_' and '-', starting wit
              "a systemd unit, a container and a file name)")
 
 
+# Containers pdstack runs besides the servers are pdstack-<these>: a server of that name would take (and its unit's
+# `docker rm -f` would kill) theirs.
+RESERVED_NAMES = ("router", "dcgm-exporter", "watchdog", "prometheus", "grafana", "node-exporter", "haproxy",
+                  "frontdoor", "front-door")
+
+
 def name_problem(v: Any) -> str | None:
     if not isinstance(v, str) or not NAME_RE.fullmatch(v):
         return f"{v!r} is not a valid name: use {NAME_RULE}, e.g. 'prefill-0'"
+    if v.lower() in RESERVED_NAMES:
+        return (f"{v!r} is reserved: container pdstack-{v} is another pdstack service's; pick another name, e.g. "
+                "'prefill-0'")
     return None
 
 
