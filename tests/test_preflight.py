@@ -359,6 +359,12 @@ CASES = [
     C("path-flag-outside-the-mount", SERVERS, extra_kv(0, "chat-template", "/etc/pdstack/template.jinja"),
       ["prefill-0).extra_args.chat-template", "/etc/pdstack/template.jinja is outside pdstack_model.path",
        "the only host directory the server's container mounts", "put the file under"]),
+    C("router-path-flag", ROUTER, router_extra("tokenizer-path", "/models/nvidia/DeepSeek-V4-Flash-NVFP4"),
+      ["pdstack_router.extra_args.tokenizer-path", "the router's container mounts no host directory"]),
+    C("secret-in-extra-args", SERVERS, extra_kv(0, "api-key", "sk-123"),
+      ["prefill-0).extra_args.api-key", "--api-key is a secret", "world-readable", "remove it"]),
+    C("router-secret-in-extra-args", ROUTER, router_extra("api-key", "sk-123"),
+      ["pdstack_router.extra_args.api-key", "is a secret"]),
     C("env-path", SERVERS, env(0, "PATH", "/opt/bin"), ["env.PATH", "the planner sets PATH itself", "python3"]),
 
     # --- every port the deployment listens on, per host

@@ -105,6 +105,8 @@ GPU_ARCHS = (("RTX PRO 6000", "sm_120"), ("RTX 5090", "sm_120"), ("B200", "sm_10
              ("GB200", "sm_100"), ("H100", "sm_90"), ("H200", "sm_90"), ("H800", "sm_90"), ("H20", "sm_90"))
 # The longest context DeepSeek V4 is published with (1M tokens); the facts check reads the exact value on the host.
 DSV4_MAX_CONTEXT = 1048576
+# argparse destinations that carry secrets (they would be written into units and plan.json)
+SECRET_WORDS = ("api_key", "password", "secret", "db_url", "redis_url", "jwt_")
 # destinations ending in _port that are not a listener of this server (they name a remote peer's port)
 _REMOTE_PORT_WORDS = ("remote", "seed", "service_discovery")
 
@@ -188,12 +190,18 @@ def _extra_arg_problems(parser, where: str, key: str, value: Any, owned: dict, r
             return [f"{path}: --{key} takes JSON, and {value!r} is not valid JSON ({e}); write it as a YAML mapping "
                     "and pdstack renders the JSON"]
     out = []
-    mount = model_path if what.startswith("SGLang") else None
-    if (mount and isinstance(value, str) and value.startswith("/") and value != mount
-            and not value.startswith(mount.rstrip("/") + "/")
-            and any(w in a.dest for w in ("path", "file", "template", "config", "dir"))):
-        out.append(f"{path}: {value} is outside pdstack_model.path {mount}, the only host directory the server's "
-                   f"container mounts (read-only); put the file under {mount} and point --{key} there")
+    if any(w in a.dest for w in SECRET_WORDS):
+        out.append(f"{path}: --{key} is a secret, and extra_args land in the unit, /etc/pdstack/plan.json "
+                   "(world-readable) and the journal; pdstack has no secret store for it: remove it")
+    path_valued = any(w in a.dest for w in ("path", "file", "template", "config", "dir"))
+    if path_valued and isinstance(value, str) and value.startswith("/"):
+        mount = model_path if what.startswith("SGLang") else None
+        if mount is None:
+            out.append(f"{path}: {value} is a host path, but the router's container mounts no host directory; "
+                       f"remove --{key}")
+        elif value != mount and not value.startswith(mount.rstrip("/") + "/"):
+            out.append(f"{path}: {value} is outside pdstack_model.path {mount}, the only host directory the "
+                       f"server's container mounts (read-only); put the file under {mount} and point --{key} there")
     for word in flags.render_value(value, a):
         if msg := rules.unit_value_problem(word):
             out.append(f"{path}: {msg}; change the value"
