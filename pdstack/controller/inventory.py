@@ -45,7 +45,7 @@ def _positive(v: Any) -> str | None:
 
 
 def _non_negative(v: Any) -> str | None:
-    return None if v >= 0 else f"{v} must be >= 0"
+    return None if v >= 0 else f"{v} must be >= 0; set 0 or more"
 
 
 def _gpu_list(v: list) -> str | None:

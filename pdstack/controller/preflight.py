@@ -283,8 +283,9 @@ def _server_problems(dep: Deployment, host: str, i: int, s: dict, p: list[str]) 
                  f"set tp_size: {len(s['gpus'])} or change gpus")
     if tp > 0 and tp & (tp - 1):
         lower = 1 << (tp.bit_length() - 1)
+        heads = " (DeepSeek V4: 64 heads)" if family == "deepseek_v4" else ""
         p.append(f"{where}.tp_size: {tp} is not a power of two; tensor parallelism splits the attention heads "
-                 f"evenly (DeepSeek V4: 64 heads), so use 1, 2, 4 or 8, e.g. tp_size: {lower} with {lower} GPUs")
+                 f"evenly{heads}, so use 1, 2, 4 or 8, e.g. tp_size: {lower} with {lower} GPUs")
     if s["numa_node"] is not None and s["numa_node"] < 0:
         p.append(f"{where}.numa_node: {s['numa_node']} is not a NUMA node (ids are >= 0)")
     if s["numa_node"] is not None and not s["numa_override"]:
