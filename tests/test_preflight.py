@@ -415,6 +415,9 @@ CASES = [
     C("address-documentation-range-deploy", None, lambda inv: None,
       ["ansible_host of host gpu01", "192.0.2.10 is in the documentation range 192.0.2.0/24", "real address"],
       deploy=True),
+    C("ansible-host-documentation-range", ADDRESS, address("10.0.0.10"),
+      ["ansible_host of host gpu01 (hosts.yml): 192.0.2.10 is in the documentation range", "cannot reach the host"],
+      deploy=True),
     C("address-documentation-range-other-net", ADDRESS, address("203.0.113.7"),
       ["pdstack_address", "documentation range 203.0.113.0/24"], deploy=True),
 

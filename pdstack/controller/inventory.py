@@ -249,6 +249,7 @@ class Host:
     servers: list[dict[str, Any]]
     numa_reserve_gb: float
     address_source: str = "pdstack_address"  # or "ansible_host": where `address` came from (messages name it)
+    ansible_host: str = ""  # where Ansible connects (may differ from address)
 
 
 @dataclass
@@ -344,6 +345,7 @@ def build_deployment(hostvars: dict[str, dict[str, Any]], groups: dict[str, list
             numa_reserve_gb=float(reserve) if isinstance(reserve, int | float) and not isinstance(reserve, bool)
             else 0.0,
             address_source="pdstack_address" if isinstance(address, str) and address else "ansible_host",
+            ansible_host=str(hv.get("ansible_host", name)),
         )
 
     router_hosts = [h for h in _members(groups, "router") if h in hosts]

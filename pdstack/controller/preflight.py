@@ -566,6 +566,12 @@ def _address_problems(dep: Deployment, p: list[str], deploy: bool) -> None:
                 p.append(msg)
             else:
                 dep.warnings.append(msg + " before deploying (preflight refuses it)")
+        if h.ansible_host and h.ansible_host != h.address and dep.environment == "production":
+            conn, _ = rules.parse_address(h.ansible_host)
+            if conn is not None and (net := rules.doc_net(conn)):
+                msg = (f"ansible_host of host {name} (hosts.yml): {h.ansible_host} is in the documentation range "
+                       f"{net}, so Ansible cannot reach the host; put its real address there")
+                (p.append if deploy else dep.warnings.append)(msg)
         key = h.address.lower().rstrip(".")
         if key in seen:
             p.append(f"{var}: {h.address} is also the address of host {seen[key]}; two inventory hosts cannot be "
