@@ -126,6 +126,35 @@ def _dests(parser, table) -> dict[str, tuple[str, str]]:
     return out
 
 
+def _rendered_dests(parser, argv: list[str]) -> dict[str, tuple[str, str]]:
+    """{dest: (flag, variable)} of what the planner itself renders (the argv without extra_args), so a flag the
+    planner starts rendering is owned at once, whether or not OWNED_FLAGS names its variable yet."""
+    return {d: (opt[2:], "the pdstack inventory variable the planner renders it from")
+            for d, opt in flags.dests_set(parser, argv).items()}
+
+
+def _planner_server_flags(dep: Deployment, s: dict) -> list[str]:
+    from pdstack.controller import planner
+
+    hc = planner.HiCachePlan(enabled=bool(s["hicache"]["enabled"]), ratio=1.0)
+    try:
+        return planner.server_flags(dep, {**s, "extra_args": {}}, hc)
+    except (KeyError, TypeError, ValueError):  # a server the schema already refused
+        return []
+
+
+def _planner_router_flags(dep: Deployment) -> list[str]:
+    import dataclasses
+
+    from pdstack.controller import planner
+
+    try:
+        bare = dataclasses.replace(dep, router={**dep.router, "extra_args": {}})
+        return planner.router_flags(bare, [])[0]
+    except (KeyError, TypeError, ValueError):
+        return []
+
+
 def owned_env() -> dict[str, str]:
     """Environment variables the planner sets, and where each comes from."""
     from pdstack.controller import planner
@@ -325,7 +354,7 @@ def _server_problems(dep: Deployment, host: str, i: int, s: dict, p: list[str]) 
             dep.warnings.append(f"{where}.transfer.ib_device: backend {tr['backend']} does not use InfiniBand; "
                                 "ib_device is ignored")
     parser = flags.sglang_parser()
-    owned = _dests(parser, OWNED_FLAGS)
+    owned = {**_rendered_dests(parser, _planner_server_flags(dep, s)), **_dests(parser, OWNED_FLAGS)}
     refused = {d: f"--{flag} changes which or how many GPUs the server uses (pdstack runs one server on exactly "
                   "the GPUs in gpus, tp_size of them, on one host)" for d, (flag, _) in
                _dests(parser, GPU_SET_FLAGS).items()}
@@ -422,7 +451,7 @@ def _pd_agreement_problems(dep: Deployment, servers, p: list[str]) -> None:
 def _router_problems(dep: Deployment, p: list[str]) -> None:
     r = dep.router
     parser = flags.router_parser()
-    owned = _dests(parser, OWNED_ROUTER_FLAGS)
+    owned = {**_rendered_dests(parser, _planner_router_flags(dep)), **_dests(parser, OWNED_ROUTER_FLAGS)}
     refused = {d: f"--{flag} adds workers from outside the inventory or changes the router's mode (the workers are "
                   "exactly the pdstack_servers, in PD mode)" for d, (flag, _) in
                _dests(parser, WORKER_SET_ROUTER_FLAGS).items()}
