@@ -273,6 +273,8 @@ CASES = [
       ["extra_args.tokenizer-path", "backslash"]),
     C("switch-with-value", SERVERS, extra_kv(0, "disable-radix-cache", "yes"),
       ["extra_args.disable-radix-cache", "is a switch and takes no value", "write true"]),
+    C("extra-arg-without-value", SERVERS, extra_kv(0, "disable-cuda-graph", None),
+      ["extra_args.disable-cuda-graph", "no value (YAML null)", "write true for a switch"]),
     C("value-flag-given-true", SERVERS, extra_kv(0, "mem-fraction-static", True),
       ["extra_args.mem-fraction-static", "takes a value, got true"]),
     C("bad-choice-in-extra", SERVERS, extra_kv(0, "kv-cache-dtype", "fp3"),

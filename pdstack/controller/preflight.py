@@ -193,7 +193,9 @@ def _extra_arg_problems(parser, where: str, key: str, value: Any, owned: dict, r
         return [f"{path}: the planner renders --{flag} itself{same}; set {var} instead and remove extra_args.{key}"]
     if a.dest in refused:
         return [f"{path}: {refused[a.dest]}; remove extra_args.{key}"]
-    if value is None or value is False:
+    if value is None:
+        return [f"{path}: no value (YAML null); write true for a switch, the value for a flag, or remove the key"]
+    if value is False:
         return []
     if a.nargs == 0 and value is not True:
         return [f"{path}: --{key} is a switch and takes no value, got {value!r}; write true (or false to leave it "
