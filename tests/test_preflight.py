@@ -452,6 +452,9 @@ CASES = [
     C("smoke-horizon-unreachable", SMOKE, lambda d: d["pdstack_smoke"].update(min_horizon=64000),
       ["pdstack_smoke.min_horizon", "beyond the longest recall length 32000", "never pass"]),
 
+    C("smoke-bench-concurrency-not-numbers", SMOKE, lambda d: d["pdstack_smoke"]["bench"].update(concurrency=[1, "a"]),
+      ["pdstack_smoke.bench.concurrency", "must be a list of concurrency levels > 0"]),
+
     # --- facts that are not what the facts script writes: a message, not a traceback
     C("facts-malformed", SERVERS, lambda d: None, ["host gpu01: malformed facts", "numa_nodes", "pdstack facts"],
       facts=lambda f: f.update(numa_nodes="two"), stage="topology"),
@@ -713,10 +716,15 @@ def test_fuzz_wrong_types_everywhere_give_a_message_never_a_traceback():
             hv = {"gpu01": _replace(hostvars["gpu01"], path, new)}
             tried += 1
             try:
-                planner.make_plan(inventory.build_deployment(hv, groups), facts)
+                p = planner.make_plan(inventory.build_deployment(hv, groups), facts)
             except InventoryError as e:
                 refused += 1
                 assert e.problems and all(isinstance(p, str) and p for p in e.problems)
+                continue
+            for s in p.servers:  # what is accepted renders into something a unit and an env file carry
+                assert all(rules.unit_value_problem(w) is None for w in s.argv), (path, new, s.argv)
+                assert all(rules.env_value_problem(v) is None for v in s.env.values()), (path, new, s.env)
+                assert rules.name_problem(s.name) is None
     assert tried > 1000 and refused > tried // 2, (tried, refused)
 
 

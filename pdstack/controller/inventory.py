@@ -207,7 +207,10 @@ SMOKE_BENCH = Schema("bench", {
     "tolerance": Field((int, float), "allowed shortfall below the baseline, a fraction", default=0.2,
                        check=lambda v: None if 0 <= v < 1 else f"{v} must be in [0, 1)"),
     "concurrency": Field((list,), "concurrency levels of the sweep (keep within router admission)",
-                         default=lambda: [1, 2, 4]),
+                         default=lambda: [1, 2, 4],
+                         check=lambda v: None if v and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                                           for x in v)
+                         else f"{v!r} must be a list of concurrency levels > 0, e.g. [1, 2, 4]"),
     "requests": Field((int,), "requests per level", default=3, check=_positive),
     "max_new_tokens": Field((int,), "tokens each bench request decodes", default=128, check=_positive),
 })
