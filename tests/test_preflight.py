@@ -367,7 +367,7 @@ CASES = [
       ["prefill-0).extra_args.api-key", "--api-key is a secret", "world-readable", "remove it"]),
     C("router-secret-in-extra-args", ROUTER, router_extra("api-key", "sk-123"),
       ["pdstack_router.extra_args.api-key", "is a secret"]),
-    C("env-path", SERVERS, env(0, "PATH", "/opt/bin"), ["env.PATH", "the planner sets PATH itself", "python3"]),
+    C("env-path", SERVERS, env(0, "PATH", "/opt/bin"), ["env.PATH", "comes from the image", "python3", "remove"]),
 
     # --- every port the deployment listens on, per host
     C("server-on-ssh-port", SERVERS, servers(lambda s: s[0]["ports"].update(http=22)),
@@ -394,6 +394,8 @@ CASES = [
       ["pdstack_router.prometheus_port: port 29000", "pdstack_router.port"]),
     C("extra-nccl-port-collides", SERVERS, extra_kv(1, "nccl-port", 30000),
       ["decode-0).extra_args.nccl-port", "port 30000 on host gpu01 is already taken", "prefill-0).ports.http"]),
+    C("extra-port-out-of-range", SERVERS, extra_kv(0, "nccl-port", 70000),
+      ["extra_args.nccl-port", "70000 is not a TCP port (1-65535)"]),
     C("extra-grpc-port-privileged", SERVERS, extra_kv(0, "grpc-port", 22),
       ["extra_args.grpc-port", "port 22 is privileged"]),
 

@@ -167,12 +167,6 @@ def owned_env() -> dict[str, str]:
     return env
 
 
-def _str_problem(v: Any) -> str | None:
-    if isinstance(v, bool) or v is None or isinstance(v, dict | list):
-        return None
-    return rules.unit_value_problem(str(v))
-
-
 def _extra_arg_problems(parser, where: str, key: str, value: Any, owned: dict, refused: dict,
                         what: str, model_path: str | None = None) -> list[str]:
     """Problems of one extra_args entry: the flag exists, is not the planner's, and its value has a form the flag
@@ -403,6 +397,8 @@ def _server_problems(dep: Deployment, host: str, i: int, s: dict, p: list[str]) 
         if not rules.ENV_NAME_RE.fullmatch(k):
             p.append(f"{path}: {k!r} is not an environment variable name (letters, digits and '_', not starting "
                      "with a digit)")
+        elif k in env_owned and env_owned[k].startswith("the image"):
+            p.append(f"{path}: {k} comes from {env_owned[k]}; remove env.{k}")
         elif k in env_owned:
             p.append(f"{path}: the planner sets {k} itself from {env_owned[k]}; set that instead and remove env.{k}")
         elif isinstance(v, bool):
@@ -554,6 +550,9 @@ def listeners(dep: Deployment) -> list[rules.Listener]:
 def _port_problems(dep: Deployment, p: list[str]) -> None:
     used: dict[tuple[str, int], rules.Listener] = {}
     for c in listeners(dep):
+        if not 1 <= c.port <= 65535:
+            p.append(f"{c.variable}: {c.port} is not a TCP port (1-65535)")
+            continue
         if c.port < rules.PRIVILEGED_BELOW and not c.privileged_ok:
             p.append(f"{c.variable}: port {c.port} is privileged (< {rules.PRIVILEGED_BELOW}; system services live "
                      "there and binding it needs root); pick a port >= 1024")
