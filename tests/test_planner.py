@@ -190,6 +190,9 @@ def test_missing_build_manifest_warns_when_planning_and_fails_when_deploying(tmp
     shutil.copytree(ROOT / "inventory" / "production", inv)
     f = inv / "group_vars/all/image.yml"
     f.write_text(yaml.safe_dump({"pdstack_image": {"manifest": str(tmp_path / "none.json"), "engine": "sglang"}}))
+    # deploying refuses the example's documentation-range address before it gets to the image
+    hosts = inv / "hosts.yml"
+    hosts.write_text(hosts.read_text().replace("192.0.2.10", "10.1.2.3"))
     dep = inventory.load(inv)
     facts = planner.load_facts(REF, list(dep.hosts))
     p = planner.make_plan(dep, facts)

@@ -133,7 +133,10 @@ def broken_copy(tmp_path: Path, layout: str, edit) -> Path:
 @pytest.mark.parametrize("edit, message", [
     (lambda s: s[0].update(tp_size=2), "tp_size: 2 does not match its 1 GPUs"),  # static: no host contact at all
     (lambda s: s[0].update(gpus=[5]), "GPU(s) [5] do not exist; host pdstack-test-1 has 2 GPU(s)"),  # topology
-], ids=["static", "topology"])
+    (lambda s: s[1].update(name="../decode/0"), "'../decode/0' is not a valid name"),  # static: a unit/file name
+    # topology, from what the facts script read on the host: the test host has no /sys/class/infiniband
+    (lambda s: [x["transfer"].update(ib_device="mlx5_0") for x in s], "mlx5_0 not on host pdstack-test-1"),
+], ids=["static", "topology", "static-name", "topology-ib-device"])
 def test_bad_inventory_fails_before_any_host_changes(hosts, tmp_path, edit, message):
     inv = broken_copy(tmp_path, "one-host", edit)
     r = playbook(inv)

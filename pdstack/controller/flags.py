@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 
 
 class _Rejected(ValueError):
@@ -62,18 +63,62 @@ def sglang_options() -> set[str]:
     return {o for a in sglang_parser()._actions for o in a.option_strings}
 
 
-def render_extra(args: dict) -> list[str]:
+def action_for(parser: argparse.ArgumentParser, option: str) -> argparse.Action | None:
+    """The parser's action for `option` (exactly as spelled: no abbreviations), or None."""
+    return parser._option_string_actions.get(option)
+
+
+def dests_set(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, str]:
+    """{dest: option} for every option that appears in `argv`: what an argv sets, by meaning, not by spelling
+    (--model and --model-path both set model_path)."""
+    out: dict[str, str] = {}
+    for word in argv:
+        if word.startswith("--"):
+            a = action_for(parser, word.split("=", 1)[0])
+            if a is not None:
+                out.setdefault(a.dest, word.split("=", 1)[0])
+    return out
+
+
+_JSON_TYPES = {"loads", "json_list_type", "parse_cuda_graph_config_arg"}
+
+
+def takes_json(action: argparse.Action) -> bool:
+    """True when the flag's value is JSON (its type parses JSON, or its help says it is a JSON dictionary)."""
+    if getattr(action.type, "__name__", "") in _JSON_TYPES:
+        return True
+    h = (action.help or "").lower()
+    return "json string" in h or "json format" in h or "inline json" in h or "as json" in h or h.startswith("json")
+
+
+def takes_many(action: argparse.Action) -> bool:
+    return action.nargs in ("*", "+") or isinstance(action.nargs, int) and action.nargs > 1
+
+
+def render_value(value, action: argparse.Action | None = None) -> list[str]:
+    """The words one extra_args value becomes after its flag."""
+    if isinstance(value, dict) or isinstance(value, list) and action is not None and takes_json(action):
+        return [json.dumps(value, separators=(",", ":"), sort_keys=False)]
+    if isinstance(value, list):
+        return [json.dumps(v, separators=(",", ":")) if isinstance(v, dict | list) else str(v) for v in value]
+    return [str(value)]
+
+
+def render_extra(args: dict, parser: argparse.ArgumentParser | None = None) -> list[str]:
     """{'mem-fraction-static': 0.85, 'enable-foo': True, 'disable-bar': False} -> ['--mem-fraction-static', '0.85',
-    '--enable-foo']. false drops a bare flag; a list gives several values."""
+    '--enable-foo']. false drops a bare flag; a list gives several values; a mapping (or a list, for a flag that
+    takes JSON) is written as compact JSON."""
     out: list[str] = []
     for key, value in args.items():
         flag = f"--{key}"
         if value is True:
             out.append(flag)
+            continue
+        action = action_for(parser, flag) if parser is not None else None
+        if value is False and action is not None and f"--no-{key}" in action.option_strings:
+            out.append(f"--no-{key}")  # a default-on switch turned off
         elif value is False or value is None:
             continue
-        elif isinstance(value, list):
-            out += [flag, *map(str, value)]
         else:
-            out += [flag, str(value)]
+            out += [flag, *render_value(value, action)]
     return out

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdstack.controller import rules
 from pdstack.controller.schema import Field, Schema, plain, validate_field
 from pdstack.errors import InventoryError
 
@@ -43,8 +44,8 @@ def _positive(v: Any) -> str | None:
     return None if v > 0 else f"{v} must be > 0"
 
 
-def _abs_path(v: str) -> str | None:
-    return None if v.startswith("/") else f"{v!r} must be an absolute path on the host"
+def _non_negative(v: Any) -> str | None:
+    return None if v >= 0 else f"{v} must be >= 0; set 0 or more"
 
 
 def _gpu_list(v: list) -> str | None:
@@ -66,7 +67,8 @@ def _extra_args(v: dict) -> str | None:
 
 
 MODEL = Schema("pdstack_model", {
-    "path": Field((str,), "model directory on the host, mounted read-only into the server", check=_abs_path),
+    "path": Field((str,), "model directory on the host, mounted read-only into the server",
+                  check=rules.host_path_problem),
     "served_name": Field((str,), "name clients ask for (--served-model-name)"),
     "context_length": Field((int,), "maximum context length in tokens (--context-length)", check=_positive),
     "family": Field((str,), "model family: deepseek_v4 turns on DeepSeek-V4 rules (no --hicache-size, DSA index keys)",
@@ -116,12 +118,12 @@ TRANSFER = Schema("transfer", {
 })
 
 SERVER = Schema("server", {
-    "name": Field((str,), "unique server name (unit and container name: pdstack-<name>)"),
+    "name": Field((str,), "unique server name (unit and container name: pdstack-<name>)", check=rules.name_problem),
     "role": Field((str,), "prefill or decode", choices=("prefill", "decode")),
     "gpus": Field((list,), "GPU indices this server uses", check=_gpu_list),
     "tp_size": Field((int,), "tensor parallel size (--tp-size); must equal the number of GPUs", check=_positive),
     "numa_node": Field((int,), "NUMA node; taken from the facts (the node the GPUs hang off). Pin it only with "
-                       "numa_override: true", default=None),
+                       "numa_override: true", default=None, check=_non_negative),
     "numa_override": Field((bool,), "allow numa_node to differ from the GPUs' node", default=False),
     "ports": Field((dict,), "ports of this server", schema=PORTS),
     "hicache": Field((dict,), "HiCache policy", default=dict, schema=HICACHE),
@@ -141,9 +143,11 @@ ADMISSION = Schema("admission", {
 })
 
 RETRIES = Schema("retries", {
-    "max_retries": Field((int,), "retries per request (--retry-max-retries)", default=5),
-    "initial_backoff_ms": Field((int,), "first retry backoff, ms (--retry-initial-backoff-ms)", default=50),
-    "max_backoff_ms": Field((int,), "retry backoff cap, ms (--retry-max-backoff-ms)", default=30000),
+    "max_retries": Field((int,), "retries per request (--retry-max-retries)", default=5, check=_non_negative),
+    "initial_backoff_ms": Field((int,), "first retry backoff, ms (--retry-initial-backoff-ms)", default=50,
+                                check=_non_negative),
+    "max_backoff_ms": Field((int,), "retry backoff cap, ms (--retry-max-backoff-ms)", default=30000,
+                            check=_non_negative),
 })
 
 HEALTH = Schema("health_check", {
@@ -203,7 +207,10 @@ SMOKE_BENCH = Schema("bench", {
     "tolerance": Field((int, float), "allowed shortfall below the baseline, a fraction", default=0.2,
                        check=lambda v: None if 0 <= v < 1 else f"{v} must be in [0, 1)"),
     "concurrency": Field((list,), "concurrency levels of the sweep (keep within router admission)",
-                         default=lambda: [1, 2, 4]),
+                         default=lambda: [1, 2, 4],
+                         check=lambda v: None if v and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                                           for x in v)
+                         else f"{v!r} must be a list of concurrency levels > 0, e.g. [1, 2, 4]"),
     "requests": Field((int,), "requests per level", default=3, check=_positive),
     "max_new_tokens": Field((int,), "tokens each bench request decodes", default=128, check=_positive),
 })
@@ -233,7 +240,7 @@ HOST_LEVEL = {
     "pdstack_address": Field((str,), "address other hosts reach this host at", default=None),
     "pdstack_numa_reserve_gb": Field((int, float), "memory per NUMA node kept for the OS and the server processes "
                                      "themselves (weights staging, pinned buffers), GB; HiCache gets the rest",
-                                     default=32),
+                                     default=32, check=_non_negative),
 }
 
 
@@ -244,6 +251,8 @@ class Host:
     groups: list[str]
     servers: list[dict[str, Any]]
     numa_reserve_gb: float
+    address_source: str = "pdstack_address"  # or "ansible_host": where `address` came from (messages name it)
+    ansible_host: str = ""  # where Ansible connects (may differ from address)
 
 
 @dataclass
@@ -297,6 +306,11 @@ def load_hostvars(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]],
     return hostvars, groups
 
 
+def _members(groups: dict[str, Any], group: str) -> list[str]:
+    members = groups.get(group) if isinstance(groups, dict) else None
+    return [m for m in members if isinstance(m, str)] if isinstance(members, list) else []
+
+
 def build_deployment(hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]], source: str = "?"
                      ) -> Deployment:
     """Validate and type the variables. Raises InventoryError listing every problem found."""
@@ -322,20 +336,26 @@ def build_deployment(hostvars: dict[str, dict[str, Any]], groups: dict[str, list
     for name, hv in hostvars.items():
         hs = Schema(f"host {name}", HOST_LEVEL).validate({k: hv[k] for k in HOST_LEVEL if k in hv},
                                                          f"host_vars/{name}", problems)
-        servers = hs.get("pdstack_servers") or []
+        servers = hs.get("pdstack_servers")
+        reserve = hs.get("pdstack_numa_reserve_gb")
+        address = hs.get("pdstack_address")
         hosts[name] = Host(
             name=name,
-            address=hs.get("pdstack_address") or hv.get("ansible_host", name),
-            groups=sorted(g for g, members in groups.items() if name in members and g not in ("all", "ungrouped")),
-            servers=servers,
-            numa_reserve_gb=float(hs.get("pdstack_numa_reserve_gb") or 0),
+            address=address if isinstance(address, str) and address else str(hv.get("ansible_host", name)),
+            groups=sorted(g for g, members in groups.items()
+                          if isinstance(members, list) and name in members and g not in ("all", "ungrouped")),
+            servers=servers if isinstance(servers, list) else [],
+            numa_reserve_gb=float(reserve) if isinstance(reserve, int | float) and not isinstance(reserve, bool)
+            else 0.0,
+            address_source="pdstack_address" if isinstance(address, str) and address else "ansible_host",
+            ansible_host=str(hv.get("ansible_host", name)),
         )
 
-    router_hosts = [h for h in groups.get("router", []) if h in hosts]
+    router_hosts = [h for h in _members(groups, "router") if h in hosts]
     if len(router_hosts) != 1:
         problems.append(f"group 'router': needs exactly one host, has {router_hosts or 'none'}; put the host that "
                         "runs sglang-router under the router group in hosts.yml")
-    monitoring = [h for h in groups.get("monitoring", []) if h in hosts]
+    monitoring = [h for h in _members(groups, "monitoring") if h in hosts]
     if not monitoring:
         problems.append("group 'monitoring': empty; put the host that runs Prometheus/Grafana under the "
                         "monitoring group in hosts.yml")
@@ -369,6 +389,10 @@ def load(source: str | os.PathLike, resolved: str | os.PathLike | None = None) -
             hostvars, groups = data["hostvars"], data["groups"]
         except (OSError, ValueError, KeyError) as e:
             raise InventoryError([f"--vars {resolved}: not a resolved-inventory file ({e})"]) from e
+        if not isinstance(hostvars, dict) or not isinstance(groups, dict) or not all(
+                isinstance(v, dict) for v in hostvars.values()):
+            raise InventoryError([f"--vars {resolved}: not a resolved-inventory file (hostvars must map each host "
+                                  "to its variables)"])
         if not hostvars:
             raise InventoryError([f"inventory {source}: no hosts; list the GPU host(s) in hosts.yml"])
     return build_deployment(hostvars, groups, source=str(source))

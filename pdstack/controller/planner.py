@@ -214,7 +214,7 @@ def server_flags(dep: Deployment, s: dict, hc: HiCachePlan) -> list[str]:
                 "--hicache-write-policy", s["hicache"]["write_policy"],
                 "--hicache-io-backend", s["hicache"]["io_backend"],
                 "--hicache-mem-layout", s["hicache"]["mem_layout"]]
-    return out + flags.render_extra(s["extra_args"])
+    return out + flags.render_extra(s["extra_args"], flags.sglang_parser())
 
 
 PD_ENV = {
@@ -267,12 +267,21 @@ def router_flags(dep: Deployment, servers: list[ServerPlan]) -> tuple[list[str],
             "--health-failure-threshold", str(hc["failure_threshold"]),
             "--health-success-threshold", str(hc["success_threshold"]),
             "--request-timeout-secs", str(r["request_timeout_secs"])]
-    return out + flags.render_extra(r["extra_args"]), prefill, decode
+    return out + flags.render_extra(r["extra_args"], flags.router_parser()), prefill, decode
 
 
-def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = False) -> Plan:
-    """Validate (static + topology) and plan. Raises InventoryError listing every problem."""
-    problems = preflight.static_problems(dep) + preflight.topology_problems(dep, facts)
+def _url_host(address: str) -> str:
+    """An address as the host part of a URL (IPv6 in brackets)."""
+    return f"[{address}]" if ":" in address else address
+
+
+def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = False, deploy: bool | None = None
+              ) -> Plan:
+    """Validate (static + topology) and plan. Raises InventoryError listing every problem. `deploy` (default:
+    `require_image`, as the preflight role plans): the plan is about to be deployed, so placeholder addresses are
+    errors, not warnings."""
+    problems = preflight.static_problems(dep, deploy=require_image if deploy is None else deploy)
+    problems += preflight.topology_problems(dep, facts)
     if problems:
         raise InventoryError(problems)
     launcher = SIM_LAUNCHER if dep.image["engine"] == "sim" else SGLANG_LAUNCHER
@@ -291,7 +300,7 @@ def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fal
             tp_size=s["tp_size"], numa_node=node,
             numa_source="override" if s["numa_override"] else "facts", cpuset_cpus=cpus, cpuset_mems=str(node),
             ports={"http": s["ports"]["http"], "bootstrap": s["ports"]["bootstrap"], "metrics": s["ports"]["http"]},
-            url=f"http://{h.address}:{s['ports']['http']}", hicache=hc, flags=fl, argv=[*launcher, *fl],
+            url=f"http://{_url_host(h.address)}:{s['ports']['http']}", hicache=hc, flags=fl, argv=[*launcher, *fl],
             env=server_env(dep, s)))
     for sp in servers:
         err = flags.check_sglang(sp.flags)
@@ -304,8 +313,9 @@ def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fal
                               "pdstack_router.extra_args"])
     rh = dep.hosts[dep.router_host]
     router = RouterPlan(host=rh.name, address=rh.address, port=dep.router["port"],
-                        prometheus_port=dep.router["prometheus_port"], url=f"http://{rh.address}:{dep.router['port']}",
-                        metrics_url=f"http://{rh.address}:{dep.router['prometheus_port']}/metrics",
+                        prometheus_port=dep.router["prometheus_port"],
+                        url=f"http://{_url_host(rh.address)}:{dep.router['port']}",
+                        metrics_url=f"http://{_url_host(rh.address)}:{dep.router['prometheus_port']}/metrics",
                         prefill=prefill, decode=decode, flags=rf, argv=[*ROUTER_LAUNCHER, *rf],
                         admission={k: int(dep.router["admission"][k])
                                    for k in ("max_concurrent_requests", "queue_size", "queue_timeout_secs")})

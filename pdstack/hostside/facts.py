@@ -8,7 +8,14 @@ same JSON. `pdstack facts` runs it on the controller. Schema (version 1):
   {"schema": 1, "hostname": str, "mem_total_mb": int,
    "numa_nodes": [{"id": 0, "cpus": "0-31,64-95", "mem_total_mb": int}],
    "gpus": [{"index": 0, "name": str, "pci_bus_id": str, "numa_node": 0, "memory_mb": int}],
-   "gpu_source": "nvidia-smi" | "simulated" | "none"}
+   "gpu_source": "nvidia-smi" | "simulated" | "none",
+   "infiniband": [str],                       # /sys/class/infiniband (empty: no RDMA device or driver)
+   "model": {"path": str, "context_length": int, "context_key": str, "num_attention_heads": int,
+             "num_key_value_heads": int} | {"path": str, "error": str}}   # with --model-path only
+
+The model entry reads <path>/config.json the way SGLang 0.5.23 derives a context length (the first of its
+CONTEXT_LENGTH_KEYS, times the rope scaling factor; text_config for multimodal configs), so preflight can check
+pdstack_model.context_length and tp_size against the model before anything is installed.
 
 GPUs come from nvidia-smi, and each GPU's NUMA node from /sys/bus/pci/devices/<bus>/numa_node (-1, on a
 one-node machine, means node 0). A host with no NVIDIA GPU may carry /etc/pdstack/simulated-gpus.json, written
@@ -102,7 +109,56 @@ def nvidia_gpus(sysfs: str = "/sys") -> list[dict]:
     return gpus
 
 
-def collect(sysfs: str = "/sys", simulated: str = SIMULATED_GPUS, simulate_gpus: int = 0) -> dict:
+def infiniband_devices(sysfs: str = "/sys") -> list[str]:
+    """RDMA devices as /sys/class/infiniband names them (what --disaggregation-ib-device takes)."""
+    try:
+        return sorted(os.listdir(f"{sysfs}/class/infiniband"))
+    except OSError:
+        return []
+
+
+# SGLang 0.5.23 sglang/srt/utils/hf_transformers/common.py: the first key found wins
+CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
+                       "max_position_embeddings")
+
+
+def model_facts(path: str) -> dict:
+    """What preflight checks against the model, from its config.json on this host."""
+    out: dict = {"path": path}
+    try:
+        cfg = json.loads(_read(os.path.join(path, "config.json")))
+    except OSError as e:
+        out["error"] = f"cannot read config.json: {e.strerror or e}"
+        return out
+    except ValueError as e:
+        out["error"] = f"config.json is not JSON: {e}"
+        return out
+    if not isinstance(cfg, dict):
+        out["error"] = "config.json is not a JSON object"
+        return out
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    rope = text.get("rope_scaling") or {}
+    factor = 1
+    if isinstance(rope, dict) and rope:
+        factor = rope.get("factor", 1)
+        if "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
+            factor = 1
+    for key in CONTEXT_LENGTH_KEYS:
+        val = text.get(key)
+        if isinstance(val, (int, float)) and not isinstance(val, bool):
+            try:
+                out["context_length"], out["context_key"] = int(factor * val), key
+            except (TypeError, ValueError):
+                pass
+            break
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        if isinstance(text.get(key), int) and not isinstance(text.get(key), bool):
+            out[key] = text[key]
+    return out
+
+
+def collect(sysfs: str = "/sys", simulated: str = SIMULATED_GPUS, simulate_gpus: int = 0,
+            model_path: str | None = None) -> dict:
     """The facts. `simulate_gpus` (or the file `simulated`) adds that many simulated GPUs on NUMA node 0 when the
     host has no NVIDIA GPU: only for the sim test engine on CPU test hosts."""
     nodes = numa_nodes(sysfs)
@@ -118,18 +174,22 @@ def collect(sysfs: str = "/sys", simulated: str = SIMULATED_GPUS, simulate_gpus:
                  "numa_node": int(spec.get("numa_node", 0)), "memory_mb": int(spec.get("memory_mb", 0))}
                 for i in range(int(spec["count"]))]
         source = "simulated"
-    return {"schema": SCHEMA, "hostname": socket.gethostname(), "mem_total_mb": sum(n["mem_total_mb"] for n in nodes),
-            "numa_nodes": nodes, "gpus": gpus, "gpu_source": source}
+    facts = {"schema": SCHEMA, "hostname": socket.gethostname(), "mem_total_mb": sum(n["mem_total_mb"] for n in nodes),
+             "numa_nodes": nodes, "gpus": gpus, "gpu_source": source, "infiniband": infiniband_devices(sysfs)}
+    if model_path:
+        facts["model"] = model_facts(model_path)
+    return facts
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sysfs", default="/sys", help="sysfs root (for tests)")
     parser.add_argument("--simulate-gpus", type=int, default=0, metavar="N",
                         help="TEST ENGINE only: report N simulated GPUs when the host has no NVIDIA GPU")
+    parser.add_argument("--model-path", help="also read this model directory's config.json (context length, heads)")
 
 
 def run(args: argparse.Namespace) -> int:
-    print(json.dumps(collect(args.sysfs, simulate_gpus=args.simulate_gpus), indent=2))
+    print(json.dumps(collect(args.sysfs, simulate_gpus=args.simulate_gpus, model_path=args.model_path), indent=2))
     return 0
 
 
@@ -138,7 +198,7 @@ if __name__ == "__main__":
     register(ap)
     try:
         a = ap.parse_args()
-        print(json.dumps(collect(a.sysfs, simulate_gpus=a.simulate_gpus)))
+        print(json.dumps(collect(a.sysfs, simulate_gpus=a.simulate_gpus, model_path=a.model_path)))
     except Exception as e:  # a facts.d script must print JSON, or Ansible reports an opaque error
         print(json.dumps({"schema": SCHEMA, "error": f"{type(e).__name__}: {e}"}))
         sys.exit(0)

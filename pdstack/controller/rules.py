@@ -1,0 +1,206 @@
+"""Rules for values that leave the inventory: identifiers, paths, addresses, unit-safe strings, ports.
+
+Each rule is written once, as strict as its strictest consumer, and each check returns the message that names
+the rule (or None). preflight.py applies them to every value of its class; inventory.py uses the identifier rule
+in the schema.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+# ---------------------------------------------------------------------------------------------- identifiers
+
+# A server name becomes a systemd unit name (pdstack-server-<name>.service: [A-Za-z0-9:_.\\-@], <= 255 bytes), a
+# Docker container name (pdstack-<name>: [a-zA-Z0-9][a-zA-Z0-9_.-]+) and a file name (/etc/pdstack/<name>.env: no
+# "/", not "." or ".."). The intersection, with room for the prefixes and suffixes:
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+NAME_RULE = ("1-63 characters of letters, digits, '.', '_' and '-', starting with a letter or digit (it becomes "
+             "a systemd unit, a container and a file name)")
+
+
+# Containers pdstack runs besides the servers are pdstack-<these>: a server of that name would take (and its unit's
+# `docker rm -f` would kill) theirs.
+RESERVED_NAMES = ("router", "dcgm-exporter", "watchdog", "prometheus", "grafana", "node-exporter", "haproxy",
+                  "frontdoor", "front-door")
+
+
+def name_problem(v: Any) -> str | None:
+    if not isinstance(v, str) or not NAME_RE.fullmatch(v):
+        return f"{v!r} is not a valid name: use {NAME_RULE}, e.g. 'prefill-0'"
+    if v.lower() in RESERVED_NAMES:
+        return (f"{v!r} is reserved: container pdstack-{v} is another pdstack service's; pick another name, e.g. "
+                "'prefill-0'")
+    return None
+
+
+# An inventory host name names controller files (build/state/<inventory>/facts/<host>.json) and Prometheus labels.
+HOST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,252}")
+
+# An environment variable name (docker --env-file takes KEY=VALUE lines; POSIX names)
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# An InfiniBand device as /sys/class/infiniband names it (mlx5_0, ibp12s0, rocep1s0f0), or a comma-separated list
+IB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+# A Docker image reference: [registry[:port]/]path[:tag][@digest] (distribution/reference's grammar, simplified)
+IMAGE_REF_RE = re.compile(
+    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]+)?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+
+
+def image_ref_problem(v: str) -> str | None:
+    if not IMAGE_REF_RE.fullmatch(v):
+        return (f"{v!r} is not a container image reference ([registry/]name[:tag][@sha256:digest], lower-case "
+                "name, no spaces); e.g. pdstack/sglang:0123456789abcdef")
+    return None
+
+
+# ------------------------------------------------------------------------------------ values reaching a unit
+
+# The unit template writes each argv word with Ansible's `quote` (shell quoting) and doubles '%'; systemd reads
+# single-quoted words literally except that it still expands $VARS and C escapes ("\n") in ExecStart. So a word
+# is safe when it has no whitespace, no control character, no quote of the kind shell quoting nests, no '$' and
+# no backslash. Whatever else would be needed cannot be quoted safely through both layers: it is refused.
+UNSAFE_CHARS = {"'": "a single quote", "\\": "a backslash", "$": "a '$' (systemd expands it)",
+                "`": "a backquote"}
+UNIT_VALUE_RULE = "no whitespace, control characters, quotes ('), backslashes, '$' or '`'"
+
+
+def unit_value_problem(v: str) -> str | None:
+    """None when `v` can be carried as one word of a systemd ExecStart= line (and a docker argv) unchanged."""
+    for ch in v:
+        if ch.isspace():
+            return f"{v!r} contains whitespace, which cannot be passed safely through the systemd unit"
+        if not ch.isprintable():
+            return f"{v!r} contains a control character ({ch!r}), which cannot be passed through the systemd unit"
+        if ch in UNSAFE_CHARS:
+            return f"{v!r} contains {UNSAFE_CHARS[ch]}, which cannot be passed safely through the systemd unit"
+    if v in ("", ";"):
+        return f"{v!r} is empty or a command separator in a systemd ExecStart= line"
+    return None
+
+
+def env_value_problem(v: str) -> str | None:
+    """docker --env-file: one KEY=VALUE per line, the value taken literally (no quoting at all)."""
+    for ch in v:
+        if ch in "\n\r" or not ch.isprintable() and not ch == "\t":
+            return f"{v!r} contains a line break or control character, which an env file cannot carry"
+    if v != v.strip():
+        return f"{v!r} has leading or trailing whitespace, which docker's --env-file keeps or drops unpredictably"
+    return None
+
+
+# A host path that reaches `docker run --volume PATH:PATH:ro` (':' and ',' split the volume spec) and the unit
+PATH_RE = re.compile(r"/[A-Za-z0-9._+@=/-]*")
+PATH_RULE = "an absolute path of letters, digits and . _ + @ = - / (no spaces, ':' or ',': it becomes a --volume)"
+
+
+def host_path_problem(v: str) -> str | None:
+    if not v.startswith("/"):
+        return f"{v!r} must be an absolute path on the host"
+    if not PATH_RE.fullmatch(v):
+        return f"{v!r} is not {PATH_RULE}"
+    parts = v.split("/")
+    if any(p in (".", "..") for p in parts) or "//" in v or (len(v) > 1 and v.endswith("/")):
+        return f"{v!r} is not a normalized path (no '.', '..', '//' or trailing '/'); write it as {_norm(v)!r}"
+    if v == "/":
+        return f"{v!r} is the root directory; point it at the model directory"
+    return None
+
+
+def _norm(v: str) -> str:
+    import posixpath
+    return posixpath.normpath(v)
+
+
+# ---------------------------------------------------------------------------------------------- addresses
+
+HOSTNAME_RE = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                         r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")]
+
+
+@dataclass(frozen=True)
+class Address:
+    text: str
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None
+
+    @property
+    def url_host(self) -> str:
+        return f"[{self.text}]" if isinstance(self.ip, ipaddress.IPv6Address) else self.text
+
+
+def parse_address(v: str) -> tuple[Address | None, str | None]:
+    """(address, None) or (None, what is wrong). A host name (RFC 1123) or an IP address; never a URL or host:port."""
+    if "://" in v or "/" in v:
+        return None, f"{v!r} is a URL or path; give only the host name or IP address (e.g. gpu02 or 10.0.0.12)"
+    try:
+        return Address(v, ipaddress.ip_address(v)), None
+    except ValueError:
+        pass
+    if v.count(":") == 1 or (v.startswith("[") and "]" in v):
+        return None, f"{v!r} carries a port; give only the host name or IP address (ports come from the plan)"
+    if re.fullmatch(r"[0-9.]+", v):
+        return None, f"{v!r} is not a valid IPv4 address"
+    if not HOSTNAME_RE.fullmatch(v):
+        return None, (f"{v!r} is neither an IP address nor a host name (letters, digits, '-' and '.' labels, "
+                      "RFC 1123)")
+    return Address(v, None), None
+
+
+def is_local(a: Address) -> bool:
+    if a.ip is not None:
+        return a.ip.is_loopback or a.ip.is_unspecified
+    return a.text.lower().rstrip(".") in ("localhost", "localhost.localdomain") or a.text.lower().endswith(
+        ".localhost")
+
+
+def doc_net(a: Address) -> str | None:
+    if a.ip is None:
+        return None
+    return next((str(n) for n in DOC_NETS if a.ip.version == n.version and a.ip in n), None)
+
+
+# ---------------------------------------------------------------------------------------------- ports
+
+PRIVILEGED_BELOW = 1024
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One TCP port something of the deployment listens on, on one host."""
+
+    host: str
+    port: int
+    variable: str  # where it is set (the fix goes there)
+    what: str
+    privileged_ok: bool = False  # may be < 1024 (sshd; a front door on 80/443)
+
+
+@cache
+def role_default(role: str, key: str) -> Any:
+    """A role's default (roles/<role>/defaults/main.yml): the ports of services pdstack installs."""
+    import yaml
+
+    p = Path(__file__).resolve().parents[2] / "roles" / role / "defaults" / "main.yml"
+    try:
+        return (yaml.safe_load(p.read_text()) or {}).get(key)
+    except OSError:
+        return None
+
+
+def role_port(role: str, key: str, fallback: int) -> int:
+    v = role_default(role, key)
+    if isinstance(v, str) and ":" in v:
+        v = v.rsplit(":", 1)[1]
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return fallback
