@@ -374,7 +374,7 @@ CASES = [
       ["prefill-0).ports.http", "port 22 is privileged", "pick a port >= 1024"]),
     C("server-on-node-exporter", SERVERS, servers(lambda s: s[1]["ports"].update(http=9100)),
       ["decode-0).ports.http", "port 9100 on host gpu01 is already taken", "node_exporter",
-       "monitoring_node_exporter_port"]),
+       "node_exporter_port (roles/node_exporter/defaults)"]),
     C("server-on-prometheus", SERVERS, servers(lambda s: s[1]["ports"].update(http=9090)),
       ["decode-0).ports.http", "port 9090", "Prometheus"]),
     C("server-on-grafana", SERVERS, servers(lambda s: s[1]["ports"].update(http=3000)),
@@ -778,3 +778,17 @@ def test_a_flag_the_planner_starts_rendering_is_owned_without_a_table_entry(inv:
     with pytest.raises(InventoryError, match=r"extra_args.tool-call-parser: the planner renders --tool-call-parser "
                                              "itself; set the pdstack inventory variable"):
         plan(inv)
+
+
+def test_every_fixed_listener_names_a_real_role_default():
+    # The port list reads roles/<role>/defaults/main.yml; a renamed role or variable would silently fall back.
+    import re
+
+    from pdstack.controller import rules
+
+    src = (ROOT / "pdstack" / "controller" / "preflight.py").read_text()
+    fixed = re.findall(r'_fixed\("(\w+)", "(\w+)", (\d+),', src)
+    assert len(fixed) >= 4, fixed
+    for role, key, port in fixed:
+        assert rules.role_default(role, key) is not None, f"roles/{role}/defaults/main.yml has no {key}"
+        assert rules.role_port(role, key, -1) == int(port), (role, key)

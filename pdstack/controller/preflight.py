@@ -533,10 +533,10 @@ def _router_listeners(dep: Deployment) -> list[rules.Listener]:
 
 LISTENERS = [
     _fixed("", "sshd", 22, "sshd (Ansible reaches the host there)", _all_hosts, privileged_ok=True),
-    _fixed("monitoring", "monitoring_node_exporter_port", 9100, "node_exporter", _all_hosts),
-    _fixed("monitoring", "monitoring_prometheus_listen", 9090, "Prometheus", _monitoring_hosts),
-    _fixed("monitoring", "monitoring_grafana_port", 3000, "Grafana", _monitoring_hosts),
-    _fixed("monitoring", "monitoring_dcgm_port", 9400, "dcgm-exporter", _gpu_hosts),
+    _fixed("node_exporter", "node_exporter_port", 9100, "node_exporter", _all_hosts),
+    _fixed("prometheus", "prometheus_listen", 9090, "Prometheus", _monitoring_hosts),
+    _fixed("grafana", "grafana_port", 3000, "Grafana", _monitoring_hosts),
+    _fixed("dcgm_exporter", "dcgm_exporter_port", 9400, "dcgm-exporter", _gpu_hosts),
     _server_listeners,
     _router_listeners,
 ]
