@@ -21,8 +21,10 @@ class _StrictParser(argparse.ArgumentParser):
 
 @functools.cache
 def sglang_parser() -> argparse.ArgumentParser:
+    from pdstack.upstream import sglang_module
+
     try:
-        from sglang.srt.server_args import ServerArgs
+        ServerArgs = sglang_module("sglang.srt.server_args").ServerArgs
     except ImportError as e:  # pragma: no cover - the venv always has it
         raise RuntimeError("sglang==0.5.23 is needed to check SGLang flags: run ./dev.sh setup "
                            "(it installs it with --no-deps)") from e
@@ -60,6 +62,14 @@ def check_router(flags: list[str]) -> str | None:
 
 def sglang_options() -> set[str]:
     return {o for a in sglang_parser()._actions for o in a.option_strings}
+
+
+def sglang_choices(option: str) -> tuple[str, ...]:
+    """The choices SGLang 0.5.23's own parser allows for `option` (e.g. --tool-call-parser)."""
+    for a in sglang_parser()._actions:
+        if option in a.option_strings:
+            return tuple(a.choices or ())
+    raise KeyError(option)
 
 
 def sglang_takes_value(option: str) -> bool:

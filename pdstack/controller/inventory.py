@@ -57,6 +57,32 @@ def _gpu_list(v: list) -> str | None:
     return None
 
 
+# The DeepSeek-V4 family's parsers in SGLang 0.5.23 (function_call/deepseekv4_detector.py, parser/reasoning_parser.py);
+# the chat template is not rendered: SGLang takes the model's own (its tokenizer config).
+FAMILY_PARSERS = {"deepseek_v4": {"tool_call_parser": "deepseekv4", "reasoning_parser": "deepseek-v4"}}
+PARSER_OFF = "off"
+
+
+def _parser(option: str):
+    def check(v: str) -> str | None:
+        from pdstack.controller import flags
+
+        choices = flags.sglang_choices(option)
+        if v == PARSER_OFF or v in choices:
+            return None
+        hint = difflib.get_close_matches(v, choices, n=1)
+        return (f"{v!r} is not a {option} of SGLang 0.5.23" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                + f"; use one of its choices ({', '.join(choices)}), '{PARSER_OFF}', or leave it unset for the "
+                "model family's")
+    return check
+
+
+def parser_setting(model: dict[str, Any], key: str) -> str | None:
+    """The parser the plan renders for pdstack_model.<key>: the inventory's, else the family's; None when off."""
+    v = model.get(key) or FAMILY_PARSERS.get(model.get("family"), {}).get(key)
+    return None if v in (None, PARSER_OFF) else v
+
+
 def _extra_args(v: dict) -> str | None:
     bad = [k for k in v if not isinstance(k, str) or k.startswith("-") or not k]
     if bad:
@@ -77,6 +103,12 @@ MODEL = Schema("pdstack_model", {
     "gpu_arch": Field((str,), "GPU architecture of the serving hosts: sm_120 (RTX PRO 6000 Blackwell) has no DeepGEMM "
                       "build, so DeepSeek-V4's indexer is routed to the torch/pdstack-kernel path", default="sm_120",
                       choices=("sm_120", "sm_100", "sm_90")),
+    "tool_call_parser": Field((str,), "--tool-call-parser (turns the model's tool-call markup into OpenAI tool_calls); "
+                              "unset: the family's (deepseek_v4: deepseekv4), 'off': none, else one of SGLang 0.5.23's "
+                              "choices", default=None, check=_parser("--tool-call-parser")),
+    "reasoning_parser": Field((str,), "--reasoning-parser (puts the model's thinking into reasoning_content); unset: "
+                              "the family's (deepseek_v4: deepseek-v4), 'off': none, else one of SGLang 0.5.23's "
+                              "choices", default=None, check=_parser("--reasoning-parser")),
 })
 
 IMAGE = Schema("pdstack_image", {
