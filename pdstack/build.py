@@ -482,15 +482,26 @@ def _prod_context(ctx: Path, series_dir: Path) -> None:
     build_wheel(ROOT / "kernels", ("pyproject.toml", "pdstack_kernels", "csrc"), ctx / "kernels")
 
 
+# What SGLang's tool-call detector and reasoning parser import (pdstack/testing/sim/parsing.py); sglang and xgrammar
+# themselves go in --no-deps (their own requirements are GPU builds).
+SIM_PARSER_WHEELS = ["openai", "transformers", "partial_json_parser", "regex", "pydantic", "orjson", "msgspec"]
+SIM_NO_DEPS = ["xgrammar"]
+
+
 def _sim_wheels() -> tuple[Path, dict[str, str]]:
-    return download_wheels("sim", [f"sglang-router=={router_version()}", "aiohttp", "prometheus-client"])
+    return download_wheels("sim", [f"sglang-router=={router_version()}", "aiohttp", "prometheus-client",
+                                   f"torch=={torch_version()}", *SIM_PARSER_WHEELS],
+                           no_deps=[f"sglang=={sglang_version()}",
+                                    *(f"{w}=={_pin(ROOT / 'requirements' / 'lock.txt', w)}" for w in SIM_NO_DEPS)])
 
 
 def _sim_context(ctx: Path, folder: Path, wheels: dict[str, str]) -> None:
     shutil.copy2(IMAGES / "sim" / "Dockerfile", ctx / "Dockerfile")
     for w in wheels:
         _link_or_copy(folder / w, ctx / "wheels" / w)
-    (ctx / "wheels" / "requirements.txt").write_text("".join(f"{_pep508(w)}\n" for w in wheels))
+    no_deps = [w for w in wheels if w.startswith(("sglang-", *(f"{n}-" for n in SIM_NO_DEPS)))]
+    (ctx / "wheels" / "requirements.txt").write_text("".join(f"{_pep508(w)}\n" for w in wheels if w not in no_deps))
+    (ctx / "wheels" / "no-deps.txt").write_text("".join(f"{_pep508(w)}\n" for w in no_deps))
     build_wheel(ROOT, ("pyproject.toml", "pdstack"), ctx / "wheels")
 
 
