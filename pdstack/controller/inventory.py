@@ -240,7 +240,21 @@ SMOKE_BENCH = Schema("bench", {
     "max_new_tokens": Field((int,), "tokens each bench request decodes", default=128, check=_positive),
 })
 
+SMOKE_AGENT = Schema("agent", {
+    "tools": Field((bool,), "the tool-call gate: a function-call round trip, streamed and not", default=True),
+    "reasoning": Field((bool,), "its reasoning checks; unset: on when the plan renders a reasoning parser",
+                       default=None),
+    "churn": Field((bool,), "the answers-under-churn gate", default=True),
+    "churn_lengths": Field((list,), "needle prompt lengths of the churn gate, tokens",
+                           default=lambda: [1000, 4000, 16000],
+                           check=lambda v: None if v and all(isinstance(x, int) and x > 0 for x in v)
+                           else f"{v!r} must be a list of token counts > 0"),
+    "churn_rounds": Field((int,), "times each fixed prompt is asked under churn", default=2, check=_positive),
+})
+
 SMOKE = Schema("pdstack_smoke", {
+    "agent": Field((dict,), "the agent gates: tool calls and reasoning, answers under churn", default=dict,
+                   schema=SMOKE_AGENT),
     "enabled": Field((bool,), "run the smoke phase after a deploy", default=True),
     "min_horizon": Field((int,), "recall horizon (tokens) under which the deploy fails", default=0),
     "grid": Field((dict,), "the recall grid", default=dict, schema=SMOKE_GRID),

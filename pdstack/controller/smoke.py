@@ -14,14 +14,15 @@ import json
 import sys
 from pathlib import Path
 
-from pdstack.controller import bench, recall
+from pdstack.controller import agent_gates, bench, recall
 from pdstack.hostside import probe
 
 
 def run_smoke(url: str, out: Path, *, lengths: list[int], depths: list[float], tokenizer: str, variants: list[str],
               needles: int, concurrency: int, min_horizon: int, baseline_tps: float | None, tolerance: float,
               bench_concurrency: list[int], bench_requests: int, bench_tokens: int, timeout: float,
-              probe_first_token_timeout: float, probe_stall_timeout: float) -> tuple[bool, dict, str]:
+              probe_first_token_timeout: float, probe_stall_timeout: float, agent: dict | None = None
+              ) -> tuple[bool, dict, str]:
     out.mkdir(parents=True, exist_ok=True)
     lines, gates = [], {}
 
@@ -56,6 +57,8 @@ def run_smoke(url: str, out: Path, *, lengths: list[int], depths: list[float], t
     lines.append(f"bench   {'PASS' if br.passed else 'FAIL'}  C=1 decode {tps} tok/s{base}, TTFT p50 {ttft}"
                  + ("; requests failed: " + "; ".join(e for lv in br.levels for e in lv.errors) if br.failed else ""))
 
+    agent_gates.run_agent_gates(url, out, agent or {}, tokenizer=tokenizer, timeout=timeout, gates=gates, lines=lines)
+
     passed = all(g["passed"] for g in gates.values())
     failed = [k for k, g in gates.items() if not g["passed"]]
     head = f"pdstack smoke {url}: " + ("PASS" if passed else f"FAIL ({', '.join(failed)})")
@@ -87,6 +90,17 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, help="seconds per request (default 300)")
     p.add_argument("--probe-first-token-timeout", type=float, default=60.0)
     p.add_argument("--probe-stall-timeout", type=float, default=15.0)
+    p.add_argument("--no-tools", dest="tools", action="store_const", const=False,
+                   help="skip the tool-call gate (default: on)")
+    p.add_argument("--no-reasoning", dest="reasoning", action="store_const", const=False,
+                   help="skip the reasoning checks of the tool-call gate (default: on when the reasoning parser is)")
+    p.add_argument("--no-churn", dest="churn", action="store_const", const=False,
+                   help="skip the answers-under-churn gate (default: on)")
+    p.add_argument("--churn-lengths", type=recall._int_list,
+                   help="needle lengths of the churn gate (default 1K,4K,16K)")
+    p.add_argument("--admission-limit", type=int,
+                   help="router max_concurrent_requests the churn gate holds the front door at (default: inventory's)")
+    p.add_argument("--model", help="model name in OpenAI requests (default: the inventory's served_name)")
     p.epilog = "exit codes: 0 every gate passed, 1 a gate failed (summary says which), 2 usage or bad inventory"
 
 
@@ -95,11 +109,15 @@ DEFAULTS = {"lengths": recall.DEFAULT_LENGTHS, "depths": recall.DEFAULT_DEPTHS, 
             "bench_concurrency": [1, 2, 4], "bench_requests": 3, "bench_tokens": 128, "timeout": 300.0}
 
 
-def settings_from_inventory(path: str) -> dict:
-    """pdstack_smoke (defaults filled by the inventory schema) as smoke CLI settings."""
+def _deployment(path: str):
     from pdstack.controller import inventory
 
-    dep = inventory.load(path)
+    return inventory.load(path)
+
+
+def settings_from_inventory(path: str) -> dict:
+    """pdstack_smoke (defaults filled by the inventory schema) as smoke CLI settings."""
+    dep = _deployment(path)
     sm, adm = dep.smoke, dep.router["admission"]
     conc = sm["concurrency"] or (adm["max_concurrent_requests"] if adm["max_concurrent_requests"] > 0 else 4)
     out = {"lengths": sm["grid"]["lengths"], "depths": sm["grid"]["depths"], "variant": sm["grid"]["variant"],
@@ -118,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
         cfg.update(settings_from_inventory(args.inventory))
     cfg.update({k: v for k, v in vars(args).items() if k in DEFAULTS and v is not None})
     variants = ["single", "multi"] if cfg["variant"] == "both" else [cfg["variant"]]
+    agent = agent_gates.settings_from_deployment(_deployment(args.inventory)) if args.inventory else {}
+    agent.update({k: v for k, v in {"tools": args.tools, "reasoning": args.reasoning, "churn": args.churn,
+                                    "churn_lengths": args.churn_lengths, "admission_limit": args.admission_limit,
+                                    "model": args.model}.items() if v is not None})
     try:
         passed, _, text = run_smoke(
             args.url, Path(args.out), lengths=cfg["lengths"], depths=cfg["depths"], tokenizer=cfg["tokenizer"],
@@ -125,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
             min_horizon=cfg["min_horizon"], baseline_tps=cfg["baseline"], tolerance=cfg["tolerance"],
             bench_concurrency=cfg["bench_concurrency"], bench_requests=cfg["bench_requests"],
             bench_tokens=cfg["bench_tokens"], timeout=cfg["timeout"],
-            probe_first_token_timeout=args.probe_first_token_timeout, probe_stall_timeout=args.probe_stall_timeout)
+            probe_first_token_timeout=args.probe_first_token_timeout, probe_stall_timeout=args.probe_stall_timeout,
+            agent=agent)
     except (FileNotFoundError, ImportError) as e:
         print(f"pdstack smoke: {e}", file=sys.stderr)
         return 2

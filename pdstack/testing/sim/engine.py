@@ -58,7 +58,6 @@ class GenRequest:
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
     created: float = field(default_factory=time.monotonic)
-    kv_pending: bool = False  # decode: pages preallocated, KV not arrived yet
 
 
 @dataclass
@@ -366,14 +365,14 @@ class Engine:
         try:
             async for ev in self._decode_flow(req, prompt_ids, pieces):
                 yield ev
-        except asyncio.CancelledError:
-            if req.kv_pending:  # aborted while its KV was on the way: its pages go back to the pool
-                self._freed_pending.append(req.prompt)
+        except asyncio.CancelledError:  # the client went away: its pages go back to the pool, unscrubbed
+            self._freed_pending.append(req.prompt)
             raise
 
     def _stale_overlay(self, prompt: str) -> str | None:
-        """The stale_kv fault: the prompt text the KV of `prompt` holds after an aborted request's late write
-        overwrote its pages (every whole 64-token page but the last, which keeps the question); None: untouched."""
+        """The stale_kv fault: the prompt text the KV of `prompt` holds after the late KV write of a request aborted
+        on this decode (client gone; its prefill still sends) landed on the freed pages this request got: every
+        whole 64-token page but the last, which keeps the question. None: untouched."""
         if not (self.faults.stale_kv and self._freed_pending):
             return None
         other = model.pieces(self._freed_pending.popleft())
@@ -387,7 +386,6 @@ class Engine:
     async def _decode_flow(self, req: GenRequest, prompt_ids: list[int], pieces: list[str]):
         host, port, room = req.bootstrap_host, req.bootstrap_port, req.bootstrap_room
         rid_room = f"rank=0 decode_req.req.rid={req.rid!r} decode_req.req.bootstrap_room={room}"
-        req.kv_pending = True
         with self._count("prealloc_queue"):
             try:
                 if self.faults.fail_bootstrap:
@@ -414,7 +412,6 @@ class Engine:
             sent_at = payload.get("sent_at")
             if isinstance(sent_at, int | float):
                 self.metrics.kv_transfer_latency_ms.observe(max(0.0, time.time() - sent_at) * 1000)
-            req.kv_pending = False
             stale = self._stale_overlay(req.prompt)
             if stale is not None:
                 pieces[:] = self._pieces(req, stale)[0]
