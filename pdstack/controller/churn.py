@@ -62,6 +62,18 @@ def answer_of(url: str, body: dict, timeout: float, deadline: float) -> tuple[st
         return (msg.get("content") or "") + ("".join(" -> " + c for c in calls)), refused
 
 
+def _has_token(line: bytes) -> bool:
+    """An SSE line that carries output (not the role-only first chunk, not [DONE])."""
+    if not line.startswith(b"data: {"):
+        return False
+    try:
+        ev = json.loads(line[6:])
+    except ValueError:
+        return False
+    return any((c.get("delta") or {}).get(k) for c in ev.get("choices") or []
+               for k in ("content", "reasoning_content", "tool_calls"))
+
+
 def ttft(url: str, body: dict, timeout: float) -> float:
     t0 = time.monotonic()
     c = _conn(url, timeout)
@@ -73,7 +85,7 @@ def ttft(url: str, body: dict, timeout: float) -> float:
             line = r.fp.readline()
             if not line:
                 break
-            if b'"content"' in line or b'"reasoning_content"' in line:
+            if _has_token(line):
                 return time.monotonic() - t0
         return time.monotonic() - t0
     finally:
@@ -95,7 +107,7 @@ def disconnect_after(url: str, body: dict, seconds: float, timeout: float) -> bo
                 line = r.fp.readline()
                 if not line:
                     break
-                if b'"content"' in line:
+                if _has_token(line):
                     got_token = True
                     break
         except (OSError, http.client.HTTPException):
