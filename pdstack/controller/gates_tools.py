@@ -27,6 +27,7 @@ ASK = "Call get_weather for city=Paris and days=3."
 TOOL_RESULT = "sunny, 21 C"
 THINK_QUESTION = "The secret code for Alice is 4821. What is the secret code for Alice?"
 MARKUP = ("｜DSML｜", "<think>", "</think>")
+THINK_MAX_TOKENS = 2048
 
 
 class GateHTTPError(Exception):
@@ -185,7 +186,9 @@ def run_tool_gate(url: str, *, model: str = "default", reasoning: bool = True, t
 
     def think(stream: bool):
         def go():
-            msg = chat(url, {**base, "messages": [{"role": "user", "content": THINK_QUESTION}],
+            # a real model may think for a while: room for it, so the answer is not cut off (finish "length")
+            msg = chat(url, {**base, "max_tokens": max(max_tokens, THINK_MAX_TOKENS),
+                             "messages": [{"role": "user", "content": THINK_QUESTION}],
                              "chat_template_kwargs": {"thinking": True}}, timeout, stream)
             if not (msg.get("reasoning_content") or "").strip():
                 return (f"no reasoning_content with thinking on: reasoning leaked into content "
