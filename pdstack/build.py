@@ -484,8 +484,8 @@ def _prod_context(ctx: Path, series_dir: Path) -> None:
 
 # What SGLang's tool-call detector and reasoning parser import (pdstack/testing/sim/parsing.py); sglang and xgrammar
 # themselves go in --no-deps (their own requirements are GPU builds).
-SIM_PARSER_WHEELS = ["openai", "transformers", "partial_json_parser", "regex", "pydantic", "orjson", "msgspec", "pybase64",
-                     "requests", "pillow", "ipython", "numpy", "apache-tvm-ffi"]
+SIM_PARSER_WHEELS = ["openai", "transformers", "partial_json_parser", "regex", "pydantic", "orjson", "msgspec",
+                     "pybase64", "requests", "pillow", "ipython", "numpy", "apache-tvm-ffi"]
 SIM_NO_DEPS = ["xgrammar"]
 
 

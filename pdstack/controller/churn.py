@@ -27,6 +27,9 @@ from pdstack.controller import gates_tools, recall
 DEFAULT_LENGTHS = [1000, 4000, 16000]
 DISCONNECT_FRACTIONS = (0.2, 0.5, 0.8, 0.95)  # of the victim's alone TTFT: mid-prefill ... mid-transfer
 REFUSED = (408, 429, 503)
+# plain words every tokenizer (the sim's included) knows, so a random run of them is a prompt prefix never seen before
+NONCE_WORDS = ("river", "mountain", "garden", "window", "morning", "evening", "ocean", "valley", "stone", "silver",
+               "quiet", "bright", "ancient", "distant", "hidden", "simple", "steady", "patient", "winter", "summer")
 
 
 def _conn(url: str, timeout: float) -> http.client.HTTPConnection:
@@ -187,7 +190,7 @@ def run_churn_gate(url: str, *, tokenizer: str | Path, lengths: list[int] | None
     vkey = recall.Needle("victim", "0000", 50.0)
 
     def victim_body() -> dict:  # a fresh first sentence each time, so the prefix cache cannot shortcut its prefill
-        nonce = f"Victim request {rng.getrandbits(48):x} begins here. "
+        nonce = " ".join(rng.choice(NONCE_WORDS) for _ in range(16)).capitalize() + ". "
         return _chat_body(model, nonce + builder.build(max(lengths), [vkey], vkey), 64)
 
     churn = Churn(victim_ttft_s=ttft(url, victim_body(), timeout))
