@@ -133,7 +133,8 @@ def test_every_flag_the_planner_can_render_is_spelled_exactly_as_sglang_parses_i
 @pytest.mark.parametrize("argv", [["--tp", "4"], ["--cuda-graph-max-bs", "8"], ["--mem-frac", "0.8"]])
 def test_abbreviations_that_sglang_itself_would_accept_or_misread_are_rejected(argv):
     # SGLang's own parser (abbreviations on) does not reject these as unknown, which is how `--tp` reached units
-    from sglang.srt.server_args import ServerArgs
+    from pdstack.upstream import sglang_module
+    ServerArgs = sglang_module("sglang.srt.server_args").ServerArgs  # noqa: N806 - SGLang's class
     loose = argparse.ArgumentParser()
     ServerArgs.add_cli_args(loose)
     try:
@@ -175,9 +176,9 @@ def test_local_inventory_plans_on_a_simulated_host():
 
 
 def test_pd_timeout_defaults_are_sglangs_own():
-    from sglang.srt import environ
-
     from pdstack.controller.inventory import PD
+    from pdstack.upstream import sglang_module
+    environ = sglang_module("sglang.srt.environ")
     for key, name in planner.PD_ENV.items():
         upstream = getattr(environ.Envs, name, None)
         if upstream is None:  # SGLANG_HEALTH_CHECK_TIMEOUT is read with os.getenv in 0.5.23
