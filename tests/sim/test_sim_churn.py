@@ -28,8 +28,7 @@ def test_answers_hold_under_churn_and_the_victims_really_were_aborted(tmp_path):
     assert r.passed, r.message
     assert set(r.alone) == {"needle@1K", "needle@4K", "tool_call"}
     assert "The secret code for" in r.alone["needle@4K"] and "get_weather(" in r.alone["tool_call"]
-    c = r.churn
-    assert c.victims_sent >= 4 and c.victims_aborted_before_first_token >= c.victims_sent // 2, r.message
+    assert r.churn.victims_sent >= 4 and r.churn.victims_aborted_before_first_token >= 2, r.message
     assert aborted >= 2  # the disconnects reached the decode worker through the router
     assert r.seconds < 60, r.seconds
 
