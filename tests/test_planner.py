@@ -133,7 +133,8 @@ def test_every_flag_the_planner_can_render_is_spelled_exactly_as_sglang_parses_i
 @pytest.mark.parametrize("argv", [["--tp", "4"], ["--cuda-graph-max-bs", "8"], ["--mem-frac", "0.8"]])
 def test_abbreviations_that_sglang_itself_would_accept_or_misread_are_rejected(argv):
     # SGLang's own parser (abbreviations on) does not reject these as unknown, which is how `--tp` reached units
-    from sglang.srt.server_args import ServerArgs
+    from pdstack.upstream import sglang_module
+    ServerArgs = sglang_module("sglang.srt.server_args").ServerArgs  # noqa: N806 - SGLang's class
     loose = argparse.ArgumentParser()
     ServerArgs.add_cli_args(loose)
     try:
@@ -175,9 +176,9 @@ def test_local_inventory_plans_on_a_simulated_host():
 
 
 def test_pd_timeout_defaults_are_sglangs_own():
-    from sglang.srt import environ
-
     from pdstack.controller.inventory import PD
+    from pdstack.upstream import sglang_module
+    environ = sglang_module("sglang.srt.environ")
     for key, name in planner.PD_ENV.items():
         upstream = getattr(environ.Envs, name, None)
         if upstream is None:  # SGLANG_HEALTH_CHECK_TIMEOUT is read with os.getenv in 0.5.23
@@ -209,3 +210,47 @@ def test_build_manifest_gives_tag_id_and_absolute_tarball(tmp_path: Path):
                                                     "engine": "sglang"}, [])
     assert (ref, image_id) == ("pdstack/sglang:0123456789abcdef", "sha256:ab")
     assert Path(tarball).is_absolute() and tarball.endswith("build/images/prod.tar")
+
+
+def _with_model(tmp_path: Path, **model) -> inventory.Deployment:
+    inv = tmp_path / "p"
+    shutil.copytree(ROOT / "inventory" / "production", inv)
+    f = inv / "group_vars/all/model.yml"
+    d = yaml.safe_load(f.read_text())
+    d["pdstack_model"].update(model)
+    f.write_text(yaml.safe_dump(d))
+    return inventory.load(inv)
+
+
+def _value(fl: list[str], flag: str) -> str | None:
+    return fl[fl.index(flag) + 1] if flag in fl else None
+
+
+def test_deepseek_v4_renders_its_tool_call_and_reasoning_parsers_and_no_chat_template():
+    for s in prod_plan().servers:
+        assert _value(s.flags, "--tool-call-parser") == "deepseekv4"
+        assert _value(s.flags, "--reasoning-parser") == "deepseek-v4"
+        assert "--chat-template" not in s.flags  # SGLang takes the model's own (tokenizer config)
+        assert flags.check_sglang(s.flags) is None
+    # both are choices of the pinned SGLang's own parser
+    assert "deepseekv4" in flags.sglang_choices("--tool-call-parser")
+    assert "deepseek-v4" in flags.sglang_choices("--reasoning-parser")
+
+
+def test_parsers_can_be_overridden_or_turned_off(tmp_path: Path):
+    dep = _with_model(tmp_path, tool_call_parser="deepseekv41", reasoning_parser="off")
+    p = planner.make_plan(dep, planner.load_facts(REF, list(dep.hosts)))
+    assert _value(p.servers[0].flags, "--tool-call-parser") == "deepseekv41"
+    assert "--reasoning-parser" not in p.servers[0].flags
+    other = _with_model(tmp_path / "o", family="other")
+    assert "--tool-call-parser" not in planner.make_plan(
+        other, planner.load_facts(REF, list(other.hosts))).servers[0].flags
+
+
+def test_a_parser_sglang_does_not_know_is_refused_naming_the_variable(tmp_path: Path):
+    with pytest.raises(InventoryError) as e:
+        _with_model(tmp_path, tool_call_parser="deepseek-v4", reasoning_parser="deepseekv4")
+    text = str(e.value)
+    assert "pdstack_model.tool_call_parser: 'deepseek-v4' is not a --tool-call-parser of SGLang 0.5.23" in text
+    assert "pdstack_model.reasoning_parser: 'deepseekv4' is not a --reasoning-parser" in text
+    assert "'off'" in text

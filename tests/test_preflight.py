@@ -772,11 +772,11 @@ def test_facts_script_reads_the_models_context_length_as_sglang_does(tmp_path: P
 
 def test_a_flag_the_planner_starts_rendering_is_owned_without_a_table_entry(inv: Path, monkeypatch):
     real = planner.server_flags
-    monkeypatch.setattr(planner, "server_flags", lambda dep, s, hc: [*real(dep, s, hc), "--tool-call-parser",
-                                                                      "deepseekv4"])
-    _edit(inv, SERVERS, extra_kv(0, "tool-call-parser", "qwen"))
-    with pytest.raises(InventoryError, match=r"extra_args.tool-call-parser: the planner renders --tool-call-parser "
-                                             "itself; set the pdstack inventory variable"):
+    monkeypatch.setattr(planner, "server_flags", lambda dep, s, hc: [*real(dep, s, hc), "--max-running-requests",
+                                                                      "64"])
+    _edit(inv, SERVERS, extra_kv(0, "max-running-requests", 32))
+    with pytest.raises(InventoryError, match=r"extra_args.max-running-requests: the planner renders "
+                                             "--max-running-requests itself; set the pdstack inventory variable"):
         plan(inv)
 
 

@@ -323,6 +323,20 @@ def test_fp8_index_keys_fail_the_recall_gate_then_bf16_passes(one_host):
     assert "recall  PASS" in back.stdout
 
 
+def test_parsers_off_fail_the_tools_gate_then_on_passes_the_agent_gates(one_host):
+    model = yaml.safe_load((ROOT / "inventory/test/common/group_vars/all/model.yml").read_text())["pdstack_model"]
+    off = json.dumps({"pdstack_model": {**model, "tool_call_parser": "off", "reasoning_parser": "off"}})
+    r = playbook(ONE, "-e", off)
+    assert r.returncode != 0
+    assert "smoke checks FAILED" in r.stdout and "tools   FAIL" in r.stdout, r.stdout[-4000:]
+    assert "is --tool-call-parser on?" in r.stdout and "is --reasoning-parser on?" in r.stdout
+    summary = json.loads((ROOT / "build/smoke/one-host/latest/summary.json").read_text())
+    assert "tools" in summary["failed"]
+    back = playbook(ONE)  # the plan's parsers again (deepseekv4, deepseek-v4)
+    assert back.returncode == 0, back.stdout[-4000:]
+    assert "tools   PASS" in back.stdout and "churn   PASS" in back.stdout
+
+
 def test_three_host_layout_serves_across_hosts(hosts):
     r = playbook(THREE)
     assert r.returncode == 0, r.stdout[-6000:]

@@ -28,7 +28,7 @@ def smoke(url: str, out: Path, min_horizon: int, baseline: float = 200) -> int:
     return cli.main(["smoke", "--url", url, "--out", str(out), *GRID, "--min-horizon", str(min_horizon),
                      "--baseline", str(baseline), "--tolerance", "0.5", "--bench-concurrency", "1,2",
                      "--bench-requests", "2", "--bench-tokens", "40", "--timeout", "30",
-                     "--probe-first-token-timeout", "5", "--probe-stall-timeout", "3"])
+                     "--probe-first-token-timeout", "5", "--probe-stall-timeout", "3", "--no-tools", "--no-churn"])
 
 
 def test_collapsed_recall_fails_the_gate_within_one_grid_step(tmp_path, capsys):

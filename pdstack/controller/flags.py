@@ -22,8 +22,10 @@ class _StrictParser(argparse.ArgumentParser):
 
 @functools.cache
 def sglang_parser() -> argparse.ArgumentParser:
+    from pdstack.upstream import sglang_module
+
     try:
-        from sglang.srt.server_args import ServerArgs
+        ServerArgs = sglang_module("sglang.srt.server_args").ServerArgs
     except ImportError as e:  # pragma: no cover - the venv always has it
         raise RuntimeError("sglang==0.5.23 is needed to check SGLang flags: run ./dev.sh setup "
                            "(it installs it with --no-deps)") from e
@@ -66,6 +68,14 @@ def sglang_options() -> set[str]:
 def action_for(parser: argparse.ArgumentParser, option: str) -> argparse.Action | None:
     """The parser's action for `option` (exactly as spelled: no abbreviations), or None."""
     return parser._option_string_actions.get(option)
+
+
+def sglang_choices(option: str) -> tuple[str, ...]:
+    """The choices SGLang 0.5.23's own parser allows for `option` (e.g. --tool-call-parser)."""
+    a = action_for(sglang_parser(), option)
+    if a is None:
+        raise KeyError(option)
+    return tuple(a.choices or ())
 
 
 def dests_set(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, str]:

@@ -58,6 +58,32 @@ def _gpu_list(v: list) -> str | None:
     return None
 
 
+# The DeepSeek-V4 family's parsers in SGLang 0.5.23 (function_call/deepseekv4_detector.py, parser/reasoning_parser.py);
+# the chat template is not rendered: SGLang takes the model's own (its tokenizer config).
+FAMILY_PARSERS = {"deepseek_v4": {"tool_call_parser": "deepseekv4", "reasoning_parser": "deepseek-v4"}}
+PARSER_OFF = "off"
+
+
+def _parser(option: str):
+    def check(v: str) -> str | None:
+        from pdstack.controller import flags
+
+        choices = flags.sglang_choices(option)
+        if v == PARSER_OFF or v in choices:
+            return None
+        hint = difflib.get_close_matches(v, choices, n=1)
+        return (f"{v!r} is not a {option} of SGLang 0.5.23" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                + f"; use one of its choices ({', '.join(choices)}), '{PARSER_OFF}', or leave it unset for the "
+                "model family's")
+    return check
+
+
+def parser_setting(model: dict[str, Any], key: str) -> str | None:
+    """The parser the plan renders for pdstack_model.<key>: the inventory's, else the family's; None when off."""
+    v = model.get(key) or FAMILY_PARSERS.get(model.get("family"), {}).get(key)
+    return None if v in (None, PARSER_OFF) else v
+
+
 def _extra_args(v: dict) -> str | None:
     bad = [k for k in v if not isinstance(k, str) or k.startswith("-") or not k]
     if bad:
@@ -79,6 +105,12 @@ MODEL = Schema("pdstack_model", {
     "gpu_arch": Field((str,), "GPU architecture of the serving hosts: sm_120 (RTX PRO 6000 Blackwell) has no DeepGEMM "
                       "build, so DeepSeek-V4's indexer is routed to the torch/pdstack-kernel path", default="sm_120",
                       choices=("sm_120", "sm_100", "sm_90")),
+    "tool_call_parser": Field((str,), "--tool-call-parser (turns the model's tool-call markup into OpenAI tool_calls); "
+                              "unset: the family's (deepseek_v4: deepseekv4), 'off': none, else one of SGLang 0.5.23's "
+                              "choices", default=None, check=_parser("--tool-call-parser")),
+    "reasoning_parser": Field((str,), "--reasoning-parser (puts the model's thinking into reasoning_content); unset: "
+                              "the family's (deepseek_v4: deepseek-v4), 'off': none, else one of SGLang 0.5.23's "
+                              "choices", default=None, check=_parser("--reasoning-parser")),
 })
 
 IMAGE = Schema("pdstack_image", {
@@ -215,7 +247,21 @@ SMOKE_BENCH = Schema("bench", {
     "max_new_tokens": Field((int,), "tokens each bench request decodes", default=128, check=_positive),
 })
 
+SMOKE_AGENT = Schema("agent", {
+    "tools": Field((bool,), "the tool-call gate: a function-call round trip, streamed and not", default=True),
+    "reasoning": Field((bool,), "its reasoning checks; unset: on when the plan renders a reasoning parser",
+                       default=None),
+    "churn": Field((bool,), "the answers-under-churn gate", default=True),
+    "churn_lengths": Field((list,), "needle prompt lengths of the churn gate, tokens",
+                           default=lambda: [1000, 4000, 16000],
+                           check=lambda v: None if v and all(isinstance(x, int) and x > 0 for x in v)
+                           else f"{v!r} must be a list of token counts > 0"),
+    "churn_rounds": Field((int,), "times each fixed prompt is asked under churn", default=2, check=_positive),
+})
+
 SMOKE = Schema("pdstack_smoke", {
+    "agent": Field((dict,), "the agent gates: tool calls and reasoning, answers under churn", default=dict,
+                   schema=SMOKE_AGENT),
     "enabled": Field((bool,), "run the smoke phase after a deploy", default=True),
     "min_horizon": Field((int,), "recall horizon (tokens) under which the deploy fails", default=0),
     "grid": Field((dict,), "the recall grid", default=dict, schema=SMOKE_GRID),

@@ -209,6 +209,9 @@ def server_flags(dep: Deployment, s: dict, hc: HiCachePlan) -> list[str]:
     out += ["--enable-metrics"]
     if m["trust_remote_code"]:
         out += ["--trust-remote-code"]
+    for key in ("tool_call_parser", "reasoning_parser"):  # no --chat-template: SGLang uses the model's own
+        if value := inventory.parser_setting(m, key):
+            out += [f"--{key.replace('_', '-')}", value]
     if hc.enabled:
         out += ["--enable-hierarchical-cache", "--hicache-ratio", f"{hc.ratio:.3f}",
                 "--hicache-write-policy", s["hicache"]["write_policy"],

@@ -33,6 +33,8 @@ OWNED_FLAGS = {
     "served-model-name": "pdstack_model.served_name",
     "context-length": "pdstack_model.context_length",
     "trust-remote-code": "pdstack_model.trust_remote_code",
+    "tool-call-parser": "pdstack_model.tool_call_parser",
+    "reasoning-parser": "pdstack_model.reasoning_parser",
     "tp-size": "the server's tp_size",
     "host": "nothing (servers listen on 0.0.0.0; the router reaches pdstack_address)",
     "port": "the server's ports.http",

@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pdstack.controller import bench, recall, results, smoke_settings
+from pdstack.controller import agent_gates, bench, inventory, recall, results, smoke_settings
 from pdstack.controller.smoke_settings import DEFAULTS
 from pdstack.errors import InventoryError
 from pdstack.hostside import probe
@@ -26,7 +26,8 @@ from pdstack.hostside import probe
 def run_smoke(url: str, out: Path, *, lengths: list[int], depths: list[float], tokenizer: str, variants: list[str],
               needles: int, concurrency: int, min_horizon: int, baseline_tps: float | None, tolerance: float,
               bench_concurrency: list[int], bench_requests: int, bench_tokens: int, timeout: float,
-              probe_first_token_timeout: float, probe_stall_timeout: float) -> tuple[bool, dict, str]:
+              probe_first_token_timeout: float, probe_stall_timeout: float, agent: dict | None = None
+              ) -> tuple[bool, dict, str]:
     out.mkdir(parents=True, exist_ok=True)
     lines, gates = [], {}
 
@@ -60,6 +61,8 @@ def run_smoke(url: str, out: Path, *, lengths: list[int], depths: list[float], t
     base = f" vs baseline {baseline_tps:g} (floor {br.floor_tps:.1f})" if baseline_tps else ""
     lines.append(f"bench   {'PASS' if br.passed else 'FAIL'}  C=1 decode {tps} tok/s{base}, TTFT p50 {ttft}"
                  + ("; requests failed: " + "; ".join(e for lv in br.levels for e in lv.errors) if br.failed else ""))
+
+    agent_gates.run_agent_gates(url, out, agent or {}, tokenizer=tokenizer, timeout=timeout, gates=gates, lines=lines)
 
     passed = all(g["passed"] for g in gates.values())
     failed = [k for k, g in gates.items() if not g["passed"]]
@@ -101,6 +104,17 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, help=f"seconds per request (default {d['timeout']:g})")
     p.add_argument("--probe-first-token-timeout", type=float, default=60.0)
     p.add_argument("--probe-stall-timeout", type=float, default=15.0)
+    p.add_argument("--no-tools", dest="tools", action="store_const", const=False,
+                   help="skip the tool-call gate (default: on)")
+    p.add_argument("--no-reasoning", dest="reasoning", action="store_const", const=False,
+                   help="skip the reasoning checks of the tool-call gate (default: on when the reasoning parser is)")
+    p.add_argument("--no-churn", dest="churn", action="store_const", const=False,
+                   help="skip the answers-under-churn gate (default: on)")
+    p.add_argument("--churn-lengths", type=recall._int_list,
+                   help="needle lengths of the churn gate (default 1K,4K,16K)")
+    p.add_argument("--admission-limit", type=int,
+                   help="router max_concurrent_requests the churn gate holds the front door at (default: inventory's)")
+    p.add_argument("--model", help="model name in OpenAI requests (default: the inventory's served_name)")
     p.epilog = "exit codes: 0 every gate passed, 1 a gate failed (summary says which), 2 usage or bad inventory"
 
 
@@ -119,6 +133,11 @@ def settings(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace) -> int:
     cfg = settings(args)
     variants = ["single", "multi"] if cfg["variant"] == "both" else [cfg["variant"]]
+    agent = (agent_gates.settings_from_deployment(inventory.load(args.inventory, args.vars)) if args.inventory
+             else {})
+    agent.update({k: v for k, v in {"tools": args.tools, "reasoning": args.reasoning, "churn": args.churn,
+                                    "churn_lengths": args.churn_lengths, "admission_limit": args.admission_limit,
+                                    "model": args.model}.items() if v is not None})
     try:
         passed, _, text = run_smoke(
             args.url, Path(args.out), lengths=cfg["lengths"], depths=cfg["depths"], tokenizer=cfg["tokenizer"],
@@ -126,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
             min_horizon=cfg["min_horizon"], baseline_tps=cfg["baseline"], tolerance=cfg["tolerance"],
             bench_concurrency=cfg["bench_concurrency"], bench_requests=cfg["bench_requests"],
             bench_tokens=cfg["bench_tokens"], timeout=cfg["timeout"],
-            probe_first_token_timeout=args.probe_first_token_timeout, probe_stall_timeout=args.probe_stall_timeout)
+            probe_first_token_timeout=args.probe_first_token_timeout, probe_stall_timeout=args.probe_stall_timeout,
+            agent=agent)
     except (FileNotFoundError, ImportError) as e:
         print(f"pdstack smoke: {e}", file=sys.stderr)
         return 2

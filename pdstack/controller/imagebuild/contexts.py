@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pdstack.controller.imagebuild.common import IMAGES, ROOT
 from pdstack.controller.imagebuild.inputs import KERNEL_SOURCES, PROD_TOOLS, SIM_SOURCES, plan_argv
-from pdstack.controller.imagebuild.pins import router_version
+from pdstack.controller.imagebuild.pins import pin, router_version, sglang_version, torch_version
 from pdstack.controller.imagebuild.wheels import build_wheel, download_wheels, link_or_copy, pep508
 
 
@@ -34,14 +34,26 @@ def prod_context(ctx: Path, series_dir: Path) -> None:
     build_wheel(kernels, tuple(str(Path(k).relative_to("kernels")) for k in KERNEL_SOURCES), ctx / "kernels")
 
 
+# What SGLang's tool-call detector and reasoning parser import (pdstack/testing/sim/parsing.py); sglang and xgrammar
+# themselves go in --no-deps (their own requirements are GPU builds).
+SIM_PARSER_WHEELS = ["openai", "transformers", "partial_json_parser", "regex", "pydantic", "orjson", "msgspec",
+                     "pybase64", "requests", "pillow", "ipython", "numpy", "apache-tvm-ffi"]
+SIM_NO_DEPS = ["xgrammar"]
+
+
 def sim_wheels() -> tuple[Path, dict[str, str]]:
-    return download_wheels("sim", [f"sglang-router=={router_version()}", "aiohttp", "prometheus-client"])
+    return download_wheels("sim", [f"sglang-router=={router_version()}", "aiohttp", "prometheus-client",
+                                   f"torch=={torch_version()}", *SIM_PARSER_WHEELS],
+                           no_deps=[f"sglang=={sglang_version()}",
+                                    *(f"{w}=={pin(ROOT / 'requirements' / 'lock.txt', w)}" for w in SIM_NO_DEPS)])
 
 
 def sim_context(ctx: Path, folder: Path, wheels: dict[str, str]) -> None:
     shutil.copy2(IMAGES / "sim" / "Dockerfile", ctx / "Dockerfile")
     for w in wheels:
         link_or_copy(folder / w, ctx / "wheels" / w)
-    (ctx / "wheels" / "requirements.txt").write_text("".join(f"{pep508(w)}\n" for w in wheels))
+    no_deps = [w for w in wheels if w.startswith(("sglang-", *(f"{n}-" for n in SIM_NO_DEPS)))]
+    (ctx / "wheels" / "requirements.txt").write_text("".join(f"{pep508(w)}\n" for w in wheels if w not in no_deps))
+    (ctx / "wheels" / "no-deps.txt").write_text("".join(f"{pep508(w)}\n" for w in no_deps))
     # The pdstack wheel holds only what the sim image runs (inputs.SIM_SOURCES), so only that feeds its tag.
     build_wheel(ROOT, SIM_SOURCES, ctx / "wheels")

@@ -31,6 +31,7 @@ SIM_SOURCES = (
     "pdstack/cli.py",
     "pdstack/errors.py",
     "pdstack/switches.py",
+    "pdstack/upstream.py",
     "pdstack/testing/__init__.py",
     "pdstack/testing/sim",
 )

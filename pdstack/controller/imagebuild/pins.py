@@ -25,6 +25,10 @@ def router_version() -> str:
     return pin(ROOT / "requirements" / "lock.txt", "sglang-router")
 
 
+def torch_version() -> str:
+    return pin(ROOT / "requirements" / "lock.txt", "torch")
+
+
 def default_series_dir() -> Path:
     return ROOT / "kernels" / "patches" / f"sglang-{sglang_version()}"
 

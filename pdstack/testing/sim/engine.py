@@ -135,6 +135,7 @@ class Engine:
         self.hicache_total_tokens = hicache_tokens
         self.cache = PrefixCache(cfg.max_total_tokens + hicache_tokens)
         self._hit_window: deque[tuple[int, int]] = deque(maxlen=200)  # (cached, prompt) of recent requests
+        self._freed_pending: deque[str] = deque(maxlen=64)  # prompts of requests aborted with their KV on the way
         self._sync_gauges()
 
     # ---------------------------------------------------------------- bookkeeping
@@ -216,8 +217,7 @@ class Engine:
                 f"messages and {req.max_new_tokens} tokens for the completion. Please reduce the number of tokens in "
                 "the input messages or the completion to fit within the limit.",
             )
-        ans = model.answer(req.prompt, cfg.recall_horizon)
-        pieces, finish_type = model.output_pieces(req.prompt, ans, req.max_new_tokens, ignore_eos=req.ignore_eos)
+        pieces, finish_type = self._pieces(req, req.prompt)
         if cfg.role is Role.MONO:
             if cfg.max_queued_requests is not None and self.waiting + 1 > cfg.max_queued_requests:
                 raise self._abort(503, "The request queue is full.")
@@ -249,6 +249,12 @@ class Engine:
             reason = {"type": "length", "length": emitted}
         self.metrics.request_finished(req.stream, n_prompt, emitted, e2e)
         yield Finish(reason, n_prompt, emitted, cached, e2e)
+
+    def _pieces(self, req: GenRequest, kv_prompt: str) -> tuple[list[str], str]:
+        """What the model emits for `kv_prompt` (the prompt the KV holds: the request's own, unless stale)."""
+        ans = model.answer(kv_prompt, self.cfg.recall_horizon, malformed_tool_args=self.faults.malformed_tool_args,
+                           leak_reasoning=self.faults.leak_reasoning)
+        return model.output_pieces(kv_prompt, ans, req.max_new_tokens, ignore_eos=req.ignore_eos)
 
     def _require_bootstrap(self, req: GenRequest) -> None:
         if req.bootstrap_room is None or req.bootstrap_host is None:
@@ -356,6 +362,28 @@ class Engine:
 
     # ---- PD decode
     async def _decode(self, req: GenRequest, prompt_ids: list[int], pieces: list[str]):
+        try:
+            async for ev in self._decode_flow(req, prompt_ids, pieces):
+                yield ev
+        except asyncio.CancelledError:  # the client went away: its pages go back to the pool, unscrubbed
+            self._freed_pending.append(req.prompt)
+            raise
+
+    def _stale_overlay(self, prompt: str) -> str | None:
+        """The stale_kv fault: the prompt text the KV of `prompt` holds after the late KV write of a request aborted
+        on this decode (client gone; its prefill still sends) landed on the freed pages this request got: every
+        whole 64-token page but the last, which keeps the question. None: untouched."""
+        if not (self.faults.stale_kv and self._freed_pending):
+            return None
+        other = model.pieces(self._freed_pending.popleft())
+        own = model.pieces(prompt)
+        k = min(len(other), len(own) - 1) // PAGE_TOKENS * PAGE_TOKENS
+        if k <= 0:
+            return None
+        log.warning("stale KV (sim fault stale_kv): %d of %d prompt tokens overwritten", k, len(own))
+        return "".join(other[:k] + own[k:])
+
+    async def _decode_flow(self, req: GenRequest, prompt_ids: list[int], pieces: list[str]):
         host, port, room = req.bootstrap_host, req.bootstrap_port, req.bootstrap_room
         rid_room = f"rank=0 decode_req.req.rid={req.rid!r} decode_req.req.bootstrap_room={room}"
         with self._count("prealloc_queue"):
@@ -384,6 +412,9 @@ class Engine:
             sent_at = payload.get("sent_at")
             if isinstance(sent_at, int | float):
                 self.metrics.kv_transfer_latency_ms.observe(max(0.0, time.time() - sent_at) * 1000)
+            stale = self._stale_overlay(req.prompt)
+            if stale is not None:
+                pieces[:] = self._pieces(req, stale)[0]
         async with self._running(len(prompt_ids), prefill=False):
             yield self._prefix(prompt_ids)
             async for tok in self._decode_tokens(req, pieces):

@@ -24,6 +24,13 @@ class Faults:
     reject_status: int | None = None
     # when set, /health, /health_generate and /ready answer this status (e.g. 503 while "starting")
     health_status: int | None = None
+    # tool calls come out with arguments that do not match the tool's schema (JSON values cut mid-token)
+    malformed_tool_args: bool = False
+    # a thinking answer closes its reasoning block before the reasoning, so the parser puts it in the content
+    leak_reasoning: bool = False
+    # decode: the pages of a request aborted while its KV was on the way (client gone mid-prefill / mid-transfer)
+    # are handed to the next request, and that request's late KV write lands on them: its answer changes
+    stale_kv: bool = False
     # write-only: true makes the process exit with `crash_exit_code` right after answering
     crash: bool = False
     crash_exit_code: int = 1
@@ -58,7 +65,8 @@ class Faults:
             if value is None:
                 new[key] = default
                 continue
-            if key in ("wedge_decode", "fail_transfer", "fail_bootstrap", "crash"):
+            if key in ("wedge_decode", "fail_transfer", "fail_bootstrap", "crash", "malformed_tool_args",
+                       "leak_reasoning", "stale_kv"):
                 ok = isinstance(value, bool)
             elif key == "slow_prefill_s":
                 ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0

@@ -16,6 +16,7 @@ Any other prompt gets deterministic filler words seeded by the prompt text.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import string
 from dataclasses import dataclass
@@ -45,17 +46,121 @@ def pieces(text: str) -> list[str]:
     return PIECE_RE.findall(text.rstrip())
 
 
-def render_chat(messages: list[dict], add_generation_prompt: bool = True) -> str:
-    """Same rendering as the chat_template in tokenizer/tokenizer_config.json: `role: content` lines."""
+# DeepSeek-V4's output markup, as its chat template and SGLang 0.5.23's parsers spell it
+# (function_call/deepseekv4_detector.py, parser/reasoning_parser.py DSV4_*):
+DSML = "｜DSML｜"
+THINK_START, THINK_END = "<think>", "</think>"
+TOOLS_PREFIX = "tools: "  # first prompt line when the request has tools: their JSON (sorted keys)
+REASONING_MARK = "Reasoning:"  # how the sim's reasoning text starts (tests and the leak fault look for it)
+
+
+def _content_text(content) -> str:
+    if isinstance(content, list):  # OpenAI content parts: keep the text parts
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def render_chat(messages: list[dict], add_generation_prompt: bool = True, tools: list | None = None,
+                thinking: bool = False) -> str:
+    """Same rendering as the chat_template in tokenizer/tokenizer_config.json: `role: content` lines; with tools a
+    first `tools: <json>` line, an assistant turn's tool calls in DSML markup, and with thinking (DeepSeek-V4's
+    chat_template_kwargs `thinking`) the generation prompt opens a `<think>` block, as DeepSeek-V4's template does."""
     out = []
+    if tools:
+        out.append(TOOLS_PREFIX + json.dumps(tools, sort_keys=True, separators=(",", ":")) + "\n")
     for m in messages:
-        content = m.get("content", "")
-        if isinstance(content, list):  # OpenAI content parts: keep the text parts
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        content = _content_text(m.get("content"))
+        calls = m.get("tool_calls") or []
+        if calls:
+            content += tool_call_markup([(c.get("function", {}).get("name", ""),
+                                          _loads(c.get("function", {}).get("arguments"))) for c in calls], {})
         out.append(f"{m.get('role', 'user')}: {content}\n")
     if add_generation_prompt:
-        out.append("assistant:")
+        out.append("assistant:" + (THINK_START if thinking else ""))
     return "".join(out)
+
+
+def _loads(args) -> dict:
+    if isinstance(args, dict):
+        return args
+    try:
+        v = json.loads(args or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return v if isinstance(v, dict) else {}
+
+
+def tool_call_markup(calls: list[tuple[str, dict]], schemas: dict[str, dict], malformed: bool = False) -> str:
+    """DeepSeek-V4's tool-call block (DSML parameter tags; string="false" values are JSON).
+    `malformed` (the sim fault): every JSON-typed value is cut mid-token, and a tool whose arguments are all strings
+    loses its first required one, so the arguments no longer match the tool's schema."""
+    lines = ["", "", f"<{DSML}tool_calls>"]
+    for name, args in calls:
+        lines.append(f'<{DSML}invoke name="{name}">')
+        items = list(args.items())
+        if malformed and items and all(isinstance(v, str) for _, v in items):
+            required = (schemas.get(name) or {}).get("required") or [items[0][0]]
+            items = [(k, v) for k, v in items if k != required[0]]
+        for key, value in items:
+            if isinstance(value, str):
+                lines.append(f'<{DSML}parameter name="{key}" string="true">{value}</{DSML}parameter>')
+            else:
+                text = json.dumps(value, ensure_ascii=False)
+                if malformed:
+                    text = text[: max(1, len(text) - 1)] + ","
+                lines.append(f'<{DSML}parameter name="{key}" string="false">{text}</{DSML}parameter>')
+        lines.append(f"</{DSML}invoke>")
+    lines.append(f"</{DSML}tool_calls>")
+    return "\n".join(lines)
+
+
+_ARG_RE = re.compile(r"(?P<key>\w+)=(?P<value>[^\s,;]+)")
+
+
+def _argument(prop: str, spec: dict, said: dict[str, str], seed: str):
+    """A value of the property's JSON-schema type: `prop=VALUE` from the user's message, else a deterministic one."""
+    kind = spec.get("type", "string")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    if spec.get("enum"):
+        v = said.get(prop)
+        return next((e for e in spec["enum"] if str(e) == v), spec["enum"][0])
+    raw = said.get(prop)
+    if kind == "integer":
+        return int(raw) if raw is not None and raw.lstrip("-").isdigit() else 3
+    if kind == "number":
+        try:
+            return float(raw) if raw is not None else 1.5
+        except ValueError:
+            return 1.5
+    if kind == "boolean":
+        return raw.lower() == "true" if raw is not None else True
+    if kind == "array":
+        return []
+    if kind == "object":
+        return {}
+    if raw is not None:
+        return raw
+    return FILLER_WORDS[int.from_bytes(_digest("arg", seed, prop)[:4], "big") % len(FILLER_WORDS)]
+
+
+def _chat_turns(prompt: str) -> tuple[list | None, str, str]:
+    """(tools or None, last message's role, its content) of a prompt render_chat made."""
+    tools = None
+    body = prompt
+    if prompt.startswith(TOOLS_PREFIX):
+        first, _, body = prompt.partition("\n")
+        try:
+            tools = json.loads(first[len(TOOLS_PREFIX):])
+        except ValueError:
+            tools = None
+    end = body.rfind("\nassistant:")
+    head = body[:end] if end >= 0 else body
+    turns = list(re.finditer(r"(?:^|\n)(?P<role>user|tool|system|assistant): ", head))
+    m = turns[-1] if turns else None
+    if m is None:
+        return tools, "", ""
+    return tools, m.group("role"), head[m.end():]
 
 
 @dataclass(frozen=True)
@@ -102,8 +207,41 @@ def wrong_code(key: str, code: str) -> str:
     return wrong
 
 
-def answer(prompt: str, recall_horizon: int) -> Answer:
-    """The deterministic answer for a prompt. recall_horizon <= 0 means unlimited."""
+def answer(prompt: str, recall_horizon: int, malformed_tool_args: bool = False, leak_reasoning: bool = False
+           ) -> Answer:
+    """The deterministic answer for a prompt. recall_horizon <= 0 means unlimited.
+
+    Chat prompts (render_chat): with tools and a user turn last, a DeepSeek-V4 tool call of the tool named in that
+    turn (else the first tool), arguments from its schema; with a tool result last, a plain sentence quoting it.
+    A prompt that ends in `<think>` gets reasoning first, closed by `</think>` (the leak_reasoning fault closes the
+    block before the reasoning instead, so a parser puts it in the content)."""
+    thinking = prompt.endswith("assistant:" + THINK_START)
+    ans = _answer(prompt, recall_horizon, malformed_tool_args)
+    if not thinking:
+        return ans
+    tools, role, content = _chat_turns(prompt)
+    reasoning = (f"{REASONING_MARK} the {role or 'user'} turn says {' '.join(content.split()[:6])!r}; "
+                 f"{'a tool call answers it' if ans.kind == 'tool_call' else 'I can answer it'}.")
+    text = (THINK_END + reasoning + "\n\n" + ans.text) if leak_reasoning else (reasoning + THINK_END + ans.text)
+    return Answer(text, ans.kind, ans.natural_end, ans.needle_distance)
+
+
+def _answer(prompt: str, recall_horizon: int, malformed_tool_args: bool) -> Answer:
+    tools, role, content = _chat_turns(prompt)
+    if tools and role == "user":
+        fns = [t.get("function", t) for t in tools if isinstance(t, dict)]
+        fns = [f for f in fns if isinstance(f, dict) and f.get("name")]
+        if fns:
+            fn = next((f for f in fns if f["name"] in content), fns[0])
+            params = fn.get("parameters") or {}
+            props = params.get("properties") or {}
+            said = {m.group("key"): m.group("value") for m in _ARG_RE.finditer(content)}
+            names = params.get("required") or list(props)
+            args = {k: _argument(k, props.get(k) or {}, said, prompt) for k in names}
+            markup = tool_call_markup([(fn["name"], args)], {fn["name"]: params}, malformed=malformed_tool_args)
+            return Answer(markup, "tool_call", True)
+    if tools is not None and role == "tool":
+        return Answer(f"The tool returned: {' '.join(content.split())[:200]}", "tool_result", True)
     questions = list(QUESTION_RE.finditer(prompt))
     if questions:
         q = questions[-1]

@@ -23,7 +23,7 @@ from http import HTTPStatus
 import aiohttp
 from aiohttp import web
 
-from pdstack.testing.sim import SGLANG_COMPAT_VERSION, SIM_VERSION, TEST_ENGINE_LABEL, model
+from pdstack.testing.sim import SGLANG_COMPAT_VERSION, SIM_VERSION, TEST_ENGINE_LABEL, model, parsing
 from pdstack.testing.sim.bootstrap import BootstrapClient, make_bootstrap_app
 from pdstack.testing.sim.config import Role, SimConfig
 from pdstack.testing.sim.engine import Engine, Finish, GenRequest, SimAbort, Token
@@ -80,7 +80,17 @@ class SimServer:
         r.add_get("/_sim/state", self.state)
         return app
 
+    @property
+    def tool_call_parser(self) -> str | None:
+        return self.cfg.server_args.get("tool_call_parser")
+
+    @property
+    def reasoning_parser(self) -> str | None:
+        return self.cfg.server_args.get("reasoning_parser")
+
     async def start(self) -> None:
+        if self.tool_call_parser or self.reasoning_parser:
+            parsing.classes()  # SGLang's parser classes: import them (seconds) before serving, not on a request
         self.session = aiohttp.ClientSession()
         self.engine.client = BootstrapClient(self.session)
         try:
@@ -169,8 +179,8 @@ class SimServer:
             "preferred_sampling_params": None,
             "weight_version": "default",
             "load_format": "dummy",
-            "reasoning_parser": None,
-            "tool_call_parser": None,
+            "reasoning_parser": self.reasoning_parser,
+            "tool_call_parser": self.tool_call_parser,
             "disaggregation_mode": cfg.role.disaggregation_mode,
             "has_image_understanding": False,
             "has_audio_understanding": False,
@@ -357,7 +367,9 @@ class SimServer:
                 messages = body.get("messages")
                 if not isinstance(messages, list) or not messages:
                     raise BadRequest("messages must be a non-empty list")
-                prompt = model.render_chat(messages)
+                prompt = model.render_chat(messages, tools=body.get("tools") or None,
+                                           thinking=parsing.thinking_requested(body))
+                chat_parsing = parsing.ChatParsing(body, self.tool_call_parser, self.reasoning_parser)
                 max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
                 max_tokens = self._max_tokens(max_tokens, DEFAULT_MAX_NEW_TOKENS)
             else:
@@ -388,8 +400,11 @@ class SimServer:
             finish = fin.reason["type"]
             matched = fin.reason.get("matched")
             if chat:
-                choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
-                                                  "tool_calls": None},
+                content, reasoning, tool_calls, finish = chat_parsing.parse(text, finish)
+                if tool_calls:
+                    matched = None
+                choice = {"index": 0, "message": {"role": "assistant", "content": content,
+                                                  "reasoning_content": reasoning, "tool_calls": tool_calls},
                           "logprobs": None, "finish_reason": finish, "matched_stop": matched}
             else:
                 choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "matched_stop": matched}
@@ -400,9 +415,10 @@ class SimServer:
         resp = await self._sse_start(request)
         obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(delta_text: str | None, finish: str | None, first: bool = False, matched=None) -> dict:
+        def chunk(delta_text: str | None, finish: str | None, first: bool = False, matched=None,
+                  delta: dict | None = None) -> dict:
             if chat:
-                delta = {}
+                delta = dict(delta or {})
                 if first:
                     delta["role"] = "assistant"
                 if delta_text is not None:
@@ -418,10 +434,19 @@ class SimServer:
             if chat:
                 await self._sse(resp, chunk("", None, first=True))
             async for ev in self.engine.generate(req):
-                if isinstance(ev, Token):
+                if isinstance(ev, Token) and not chat:
                     await self._sse(resp, chunk(ev.text, None))
+                elif isinstance(ev, Token):
+                    for d in chat_parsing.feed(ev.text):
+                        await self._sse(resp, chunk(None, None, delta=d))
                 else:
-                    last = chunk(None if chat else "", ev.reason["type"], matched=ev.reason.get("matched"))
+                    finish, matched = ev.reason["type"], ev.reason.get("matched")
+                    if chat:
+                        for d in chat_parsing.feed("", final=True):
+                            await self._sse(resp, chunk(None, None, delta=d))
+                        if chat_parsing.has_tool_calls and finish == "stop":
+                            finish, matched = "tool_calls", None
+                    last = chunk(None if chat else "", finish, matched=matched)
                     await self._sse(resp, last)
                     if include_usage:
                         await self._sse(resp, {"id": oid, "object": obj, "created": created, "model": model_name,

@@ -1,0 +1,102 @@
+"""The sim's OpenAI layer parses its output with SGLang 0.5.23's own classes, as serving_chat.py does:
+`FunctionCallParser` (function_call/function_call_parser.py, here with deepseekv4_detector.py) for `tool_calls`,
+and `ReasoningParser` (parser/reasoning_parser.py) for `reasoning_content`, streamed or not. Nothing here
+re-implements them; they are imported through pdstack.upstream (no sglang/__init__.py).
+
+As SGLang: the reasoning parser runs when --reasoning-parser is set and the request does not turn
+`separate_reasoning` off; DeepSeek-V4's reasoning is "explicit_thinking" (on only with chat_template_kwargs
+{"thinking": true}). Tool calls are parsed when --tool-call-parser is set and the request has tools (tool_choice
+not "none"); a parsed call turns finish_reason "stop" into "tool_calls".
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+
+from pdstack.upstream import sglang_module
+
+
+@functools.cache
+def classes():
+    """(FunctionCallParser, ReasoningParser, Tool): importing them takes seconds (torch, via xgrammar)."""
+    fcp = sglang_module("sglang.srt.function_call.function_call_parser").FunctionCallParser
+    rp = sglang_module("sglang.srt.parser.reasoning_parser").ReasoningParser
+    tool = sglang_module("sglang.srt.entrypoints.openai.protocol").Tool
+    return fcp, rp, tool
+
+
+def thinking_requested(body: dict) -> bool:
+    return (body.get("chat_template_kwargs") or {}).get("thinking") is True
+
+
+class ChatParsing:
+    """Per-request parsing state of one chat completion."""
+
+    def __init__(self, body: dict, tool_call_parser: str | None, reasoning_parser: str | None):
+        self.tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
+        self.thinking = thinking_requested(body)
+        self.reasoning = None
+        self.calls = None
+        self.has_tool_calls = False
+        self._ids: dict[int, str] = {}
+        fcp, rp, tool = classes() if (tool_call_parser or reasoning_parser) else (None, None, None)
+        self._stream = bool(body.get("stream"))
+        if reasoning_parser and body.get("separate_reasoning", True):
+            self.reasoning = rp(model_type=reasoning_parser, stream_reasoning=bool(body.get("stream_reasoning", True)),
+                                force_reasoning=self.thinking)
+        if tool_call_parser and self.tools and body.get("tool_choice") != "none":
+            self._tools = [tool.model_validate(t) for t in self.tools]
+            self.calls = fcp(self._tools, tool_call_parser)
+
+    def _call_id(self, index: int) -> str:
+        return self._ids.setdefault(index, f"call_{uuid.uuid4().hex[:24]}")
+
+    # ---- whole text (non-stream)
+    def parse(self, text: str, finish: str) -> tuple[str | None, str | None, list | None, str]:
+        """(content, reasoning_content, tool_calls, finish_reason) of a complete answer."""
+        reasoning = None
+        if self.reasoning is not None:
+            reasoning, text = self.reasoning.parse_non_stream(text)
+        tool_calls = None
+        if self.calls is not None and self.calls.has_tool_call(text):
+            try:
+                text, items = self.calls.parse_non_stream(text)
+            except Exception:  # SGLang logs and keeps the text (serving_chat._process_tool_calls)
+                items = []
+            if items:
+                tool_calls = [{"id": self._call_id(i), "index": i, "type": "function",
+                               "function": {"name": c.name, "arguments": c.parameters}} for i, c in enumerate(items)]
+                if finish == "stop":
+                    finish = "tool_calls"
+        return text, reasoning or None, tool_calls, finish
+
+    # ---- streaming
+    def feed(self, delta: str, final: bool = False) -> list[dict]:
+        """OpenAI `delta` objects for one piece of output (final: flush what the parsers hold back)."""
+        out: list[dict] = []
+        if self.reasoning is not None:
+            reasoning, delta = self.reasoning.parse_stream_chunk(delta)
+            if final:
+                r2, n2 = self.reasoning.parse_stream_end()
+                reasoning, delta = (reasoning or "") + (r2 or ""), (delta or "") + (n2 or "")
+            if reasoning:
+                out.append({"reasoning_content": reasoning})
+        if self.calls is None:
+            if delta:
+                out.append({"content": delta})
+            return out
+        normal, items = self.calls.parse_stream_chunk(delta or "")
+        if final:
+            end_text, end_items = self.calls.parse_stream_end()
+            normal, items = (normal or "") + end_text, list(items) + list(end_items)
+        if normal:
+            out.append({"content": normal})
+        for c in items:
+            self.has_tool_calls = True
+            first = bool(c.name)
+            out.append({"tool_calls": [{"id": self._call_id(c.tool_index) if first else None, "index": c.tool_index,
+                                        "type": "function" if first else None,
+                                        "function": {"name": c.name if first else None,
+                                                     "arguments": c.parameters}}]})
+        return out

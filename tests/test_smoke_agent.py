@@ -1,0 +1,72 @@
+"""`pdstack smoke`'s agent gates end to end: sim workers (SGLang's own parsers) behind the real sglang-router.
+The phase fails naming the gate and why: parsers off, malformed tool arguments, stale KV under churn."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "sim"))
+from sim_helpers import start_pd  # noqa: E402
+
+from pdstack import cli  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+PARSERS = ["--tool-call-parser", "deepseekv4", "--reasoning-parser", "deepseek-v4"]
+TIMING = ["--prefill-tokens-per-s", "20000", "--recall-horizon", "0"]
+ADMISSION = ["--max-concurrent-requests", "4", "--queue-size", "8", "--queue-timeout-secs", "5"]
+
+
+def smoke(url: str, out: Path, *extra: str) -> int:
+    return cli.main(["smoke", "--url", url, "--out", str(out), "--lengths", "1K,2K", "--depths", "0,100",
+                     "--variant", "single", "--bench-concurrency", "1", "--bench-requests", "1",
+                     "--bench-tokens", "16", "--timeout", "20", "--probe-first-token-timeout", "5",
+                     "--probe-stall-timeout", "3", "--churn-lengths", "1K,4K", "--admission-limit", "4", *extra])
+
+
+def test_agent_gates_pass_then_each_fault_fails_its_gate(tmp_path, capsys):
+    stack, s = start_pd(tmp_path, sim_extra=[*PARSERS, *TIMING], router_extra=ADMISSION)
+    with stack:
+        t0 = time.monotonic()
+        rc = smoke(s.router.url, tmp_path / "ok")
+        took = time.monotonic() - t0
+        out = capsys.readouterr().out
+        assert rc == 0, out
+        summary = json.loads((tmp_path / "ok" / "summary.json").read_text())
+        assert set(summary["gates"]) >= {"tools", "churn"} and summary["passed"]
+        for f in ("tools.json", "churn.json"):
+            assert (tmp_path / "ok" / f).stat().st_size > 0
+        assert "tools   PASS" in out and "churn   PASS" in out
+        print(f"smoke phase with agent gates: {took:.1f} s", file=sys.stderr)
+
+        s.decode.fault(malformed_tool_args=True)
+        rc = smoke(s.router.url, tmp_path / "bad-args", "--no-churn")
+        s.decode.fault(malformed_tool_args=None)
+        out = capsys.readouterr().out
+        assert rc == 1
+        summary = json.loads((tmp_path / "bad-args" / "summary.json").read_text())
+        assert summary["failed"] == ["tools"], summary
+        assert "FAIL (tools)" in out and "do not match the get_weather schema" in out
+
+        s.decode.fault(stale_kv=True)
+        rc = smoke(s.router.url, tmp_path / "stale", "--no-tools")
+        s.decode.fault(stale_kv=None)
+        out = capsys.readouterr().out
+        assert rc == 1
+        summary = json.loads((tmp_path / "stale" / "summary.json").read_text())
+        assert summary["failed"] == ["churn"], summary
+        assert "answers changed under churn" in out and "vs under churn" in out
+
+
+def test_parsers_off_fail_the_tools_gate(tmp_path, capsys):
+    stack, s = start_pd(tmp_path, sim_extra=TIMING)
+    with stack:
+        rc = smoke(s.router.url, tmp_path / "off", "--no-churn")
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "FAIL (tools)" in out and "is --tool-call-parser on?" in out
