@@ -169,3 +169,68 @@ class RouterProcess(ManagedProcess):
         # /readiness answers 200 once healthy workers are registered
         self.wait_http(self.url + "/readiness", timeout)
         return self
+
+
+class FrontDoorProcess(ManagedProcess):
+    """The real HAProxy (Debian's haproxy, master-worker in the foreground) with the config pdstack renders for
+    the plan's front door, in front of a RouterProcess. `settings` override the front-door values the planner
+    would give (max_concurrent_requests, queue_size, queue_timeout_secs, retry_after_secs, ...)."""
+
+    HAPROXY = "/usr/sbin/haproxy"
+
+    def __init__(self, router: RouterProcess, log_dir: Path, **settings):
+        from pdstack.controller import frontdoor
+
+        self.port, self.metrics_port = free_port(), free_port()
+        self.fd = {"bind": LOCALHOST, "port": self.port, "backend_address": LOCALHOST,
+                   "backend_port": router.port, "max_concurrent_requests": 8, "queue_size": 16,
+                   "queue_timeout_secs": 10, "retry_after_secs": 1, "idle_timeout_secs": 60,
+                   "hard_stop_after_secs": 60, "max_connections": 4096, "metrics_bind": LOCALHOST,
+                   "metrics_port": self.metrics_port, **settings}
+        self.config_path = Path(log_dir) / f"haproxy-{self.port}.cfg"
+        self.config_path.write_text(frontdoor.haproxy_config(self.fd, log="stdout format raw local0",
+                                                             stats_socket=None))
+        if not Path(self.HAPROXY).exists():
+            raise PdstackError(f"{self.HAPROXY} not found: apt-get install haproxy (./dev.sh setup does)")
+        check = subprocess.run([self.HAPROXY, "-c", "-f", str(self.config_path)], capture_output=True, text=True)
+        if check.returncode != 0:
+            raise PdstackError(f"haproxy -c rejects {self.config_path}:\n{check.stdout}{check.stderr}")
+        super().__init__(f"haproxy:{self.port}", [self.HAPROXY, "-W", "-db", "-f", str(self.config_path)],
+                         Path(log_dir) / f"haproxy-{self.port}.log")
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOCALHOST}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{LOCALHOST}:{self.metrics_port}/metrics"
+
+    def start(self, timeout: float = 10.0) -> FrontDoorProcess:
+        super().start()
+        self.wait_http(f"http://{LOCALHOST}:{self.metrics_port}/health", timeout)
+        # the router is a server HAProxy health-checks (rise 1, every 2 s): wait until it is up
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.metric("haproxy_server_status", proxy="pdstack_router") == 1:
+                return self
+            time.sleep(0.1)
+        raise PdstackError(f"{self.name}: the router never came up as a server:\n{self.log_tail()}")
+
+    def metric(self, name: str, **labels) -> float | None:
+        """One sample of HAProxy's Prometheus exporter (summed over the samples matching `labels`)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        status, raw = http_get(self.metrics_url, timeout=5)
+        if status != 200:
+            raise PdstackError(f"{self.metrics_url}: {status}")
+        total = None
+        for fam in text_string_to_metric_families(raw.decode()):
+            for s in fam.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    total = (total or 0.0) + s.value
+        return total
+
+    def reload(self) -> None:
+        """What `systemctl reload haproxy` does to Debian's master-worker unit: SIGUSR2 to the master."""
+        os.kill(self.proc.pid, signal.SIGUSR2)
