@@ -196,7 +196,7 @@ def test_role_template_renders_a_valid_config(tmp_path):
     env = jinja2.Environment(extensions=["jinja2.ext.do"])
     env.filters["to_json"] = json.dumps
     tpl = env.from_string((root / "roles/watchdog/templates/etc/pdstack/watchdog.json.j2").read_text())
-    plan = {"router": {"port": 8000}, "servers": [
+    plan = {"router": {"port": 8000, "internal_url": "http://127.0.0.1:8001"}, "servers": [
         {"name": "prefill-0", "role": "prefill", "url": "http://10.0.0.2:30000", "host": "gpu02",
          "address": "10.0.0.2", "unit": "pdstack-server-prefill-0.service"},
         {"name": "decode-0", "role": "decode", "url": "http://10.0.0.1:30001", "host": "gpu01",
@@ -208,7 +208,8 @@ def test_role_template_renders_a_valid_config(tmp_path):
                       watchdog_probe_timeout_s=120, watchdog_state_dir="/var/lib/pdstack",
                       watchdog_textfile_dir="/var/lib/prometheus/node-exporter")
     cfg = W.Config.from_dict(json.loads(text))
-    assert cfg.router_url == "http://127.0.0.1:8000" and cfg.failures_before_restart == 3
+    # the router itself, past the front door: a probe must not be refused by admission when a wedge holds every slot
+    assert cfg.router_url == "http://127.0.0.1:8001" and cfg.failures_before_restart == 3
     by = {s.name: s for s in cfg.servers}
     assert by["decode-0"].restart_argv is None
     assert by["prefill-0"].restart_argv[-3:] == ["systemctl", "restart", "pdstack-server-prefill-0.service"]

@@ -44,10 +44,13 @@ def _json_error(message: str, kind: str, code: int) -> str:
 
 
 def haproxy_config(fd: dict[str, Any], *, log: str = "/dev/log local0", api_key_file: str | None = None,
-                   stats_socket: str | None = "/run/haproxy/admin.sock") -> str:
+                   stats_socket: str | None = "/run/haproxy/admin.sock", user: str | None = None,
+                   chroot: str | None = None) -> str:
     """haproxy.cfg text for the plan's `router.frontdoor` dict. `log`: HAProxy's log target (`stdout format raw
     local0` for a foreground test process); `api_key_file`: a file of accepted `Authorization` header values, one
-    a line (requests without one of them get 401); `stats_socket`: the runtime API socket (None: none)."""
+    a line (requests without one of them get 401; read at start, before HAProxy drops privileges);
+    `stats_socket`: the runtime API socket (None: none); `user`/`chroot`: as Debian's own haproxy.cfg
+    (haproxy, /var/lib/haproxy; Debian's unit bind-mounts /dev/log there)."""
     n, q, t = int(fd["max_concurrent_requests"]), int(fd["queue_size"]), int(fd["queue_timeout_secs"])
     ra = int(fd["retry_after_secs"])
     idle = int(fd["idle_timeout_secs"])
@@ -63,6 +66,10 @@ def haproxy_config(fd: dict[str, Any], *, log: str = "/dev/log local0", api_key_
         f"    maxconn {int(fd['max_connections'])}",
         f"    hard-stop-after {int(fd['hard_stop_after_secs'])}s",
     ]
+    if chroot:
+        out.append(f"    chroot {chroot}")
+    if user:
+        out += [f"    user {user}", f"    group {user}"]
     if stats_socket:
         out.append(f"    stats socket {stats_socket} mode 660 level admin")
     out += [
@@ -132,10 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log", default="/dev/log local0", help="HAProxy log target")
     ap.add_argument("--api-key-file", help="file of accepted Authorization header values (API key on)")
     ap.add_argument("--stats-socket", default="/run/haproxy/admin.sock")
+    ap.add_argument("--user", help="drop privileges to this user and its group (Debian: haproxy)")
+    ap.add_argument("--chroot", help="chroot directory (Debian: /var/lib/haproxy)")
     a = ap.parse_args(argv)
     plan = json.loads(sys.stdin.read() if a.plan == "-" else Path(a.plan).read_text())
     sys.stdout.write(haproxy_config(plan["router"]["frontdoor"], log=a.log, api_key_file=a.api_key_file,
-                                    stats_socket=a.stats_socket or None))
+                                    stats_socket=a.stats_socket or None, user=a.user, chroot=a.chroot))
     return 0
 
 

@@ -46,12 +46,17 @@ OWNED_FLAGS = {
 }
 OWNED_ROUTER_FLAGS = {
     "pd-disaggregation": "nothing (always PD)", "prefill": "pdstack_servers", "decode": "pdstack_servers",
-    "host": "nothing", "port": "pdstack_router.port", "prometheus-port": "pdstack_router.prometheus_port",
+    "host": "nothing (127.0.0.1, behind the front door)", "port": "pdstack_router.internal_port",
+    "prometheus-port": "pdstack_router.prometheus_port", "prometheus-host": "nothing",
     "policy": "pdstack_router.policy", "prefill-policy": "pdstack_router.prefill_policy",
     "decode-policy": "pdstack_router.decode_policy",
-    "max-concurrent-requests": "pdstack_router.admission.max_concurrent_requests",
-    "queue-size": "pdstack_router.admission.queue_size",
-    "queue-timeout-secs": "pdstack_router.admission.queue_timeout_secs",
+    "max-concurrent-requests": "pdstack_router.admission.max_concurrent_requests (the front door enforces it)",
+    "queue-size": "pdstack_router.admission.queue_size (the front door enforces it)",
+    "queue-timeout-secs": "pdstack_router.admission.queue_timeout_secs (the front door enforces it)",
+    "rate-limit-tokens-per-second": "pdstack_router.admission (the front door enforces it)",
+    "cb-timeout-duration-secs": "pdstack_router.circuit_breaker.timeout_secs",
+    "cb-failure-threshold": "pdstack_router.circuit_breaker.failure_threshold",
+    "shutdown-grace-period-secs": "pdstack_router.shutdown_grace_period_secs",
     "retry-max-retries": "pdstack_router.retries.max_retries",
     "request-timeout-secs": "pdstack_router.request_timeout_secs",
 }
@@ -131,7 +136,9 @@ def static_problems(dep: Deployment) -> list[str]:
                 claims.append((s["ports"]["bootstrap"], f"{where}.ports.bootstrap"))
         if h.name == dep.router_host:
             claims.append((dep.router["port"], "pdstack_router.port"))
+            claims.append((dep.router["internal_port"], "pdstack_router.internal_port"))
             claims.append((dep.router["prometheus_port"], "pdstack_router.prometheus_port"))
+            claims.append((dep.router["frontdoor"]["metrics_port"], "pdstack_router.frontdoor.metrics_port"))
         for port, who in claims:
             if port in used:
                 p.append(f"{who}: port {port} on host {h.name} is already taken by {used[port]}; pick another port")

@@ -112,7 +112,7 @@ class Sampler:
 
 
 def request(url: str, tokens: int, timeout: float = 180.0, stream: bool = False) -> dict:
-    """One /generate through `url`: {status, seconds, retry_after, body (first 200 chars)}."""
+    """One /generate through `url`: {status, seconds, retry_after, body (first 200 chars), tail (last 200)}."""
     body = {"text": "Tell me a story.", "stream": stream, "sampling_params": {"max_new_tokens": tokens}}
     req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
@@ -125,7 +125,7 @@ def request(url: str, tokens: int, timeout: float = 180.0, stream: bool = False)
     except OSError as e:
         status, raw, ra = 0, str(e).encode(), None
     return {"status": status, "seconds": time.monotonic() - t0, "retry_after": ra,
-            "body": raw[:200].decode("utf-8", "replace")}
+            "body": raw[:200].decode("utf-8", "replace"), "tail": raw[-200:].decode("utf-8", "replace")}
 
 
 def _fire(url: str, tokens: int, starts: list[float]) -> list[dict]:

@@ -212,7 +212,7 @@ class FrontDoorProcess(ManagedProcess):
         # the router is a server HAProxy health-checks (rise 1, every 2 s): wait until it is up
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.metric("haproxy_server_status", proxy="pdstack_router") == 1:
+            if self.metric("haproxy_server_status", proxy="pdstack_router", state="UP") == 1:
                 return self
             time.sleep(0.1)
         raise PdstackError(f"{self.name}: the router never came up as a server:\n{self.log_tail()}")
