@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -215,3 +216,22 @@ def test_role_template_renders_a_valid_config(tmp_path):
     assert by["prefill-0"].restart_argv[-3:] == ["systemctl", "restart", "pdstack-server-prefill-0.service"]
     svc = W.Systemctl(systemctl="/bin/true", argv_by_unit={"u": ["/bin/false"]})
     assert svc.restart("other")[0] and not svc.restart("u")[0]
+
+
+def test_worst_case_wedge_to_restart_bound():
+    """README "Failure behaviour" states these: production defaults 385 s; the test layouts 40 s."""
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    d = yaml.safe_load((root / "roles/watchdog/defaults/main.yml").read_text())
+    prod = W.worst_case_restart_s(interval_s=d["watchdog_interval_s"],
+                                  failures_before_restart=d["watchdog_failures_before_restart"],
+                                  first_token_timeout_s=d["watchdog_probe_first_token_timeout_s"],
+                                  stall_timeout_s=d["watchdog_probe_stall_timeout_s"], servers=2)
+    assert prod == 3 * (60 + 5 + 60) + 2 * 5 == 385
+    t = yaml.safe_load((root / "inventory/test/common/group_vars/all/watchdog.yml").read_text())
+    test = W.worst_case_restart_s(interval_s=t["watchdog_interval_s"],
+                                  failures_before_restart=t["watchdog_failures_before_restart"],
+                                  first_token_timeout_s=t["watchdog_probe_first_token_timeout_s"],
+                                  stall_timeout_s=t["watchdog_probe_stall_timeout_s"], servers=2)
+    assert test == 2 * (5 + 5 + 5) + 2 * 5 == 40

@@ -35,6 +35,28 @@ ROUTER_ARGS = ["--max-concurrent-requests", "-1", "--request-timeout-secs", "120
                "--worker-startup-timeout-secs", "20", "--worker-startup-check-interval", "1"]
 
 
+def rendered_router_flags(inventory: str | Path = "inventory/local",
+                          facts: str | Path = "tests/topologies/single-node-4gpu.json") -> list[str]:
+    """The router flags the planner renders for `inventory` (timeouts, retries, health checks, circuit breaker,
+    drain), minus the workers and listen addresses a loopback stack sets itself."""
+    from pdstack.controller import inventory as inv
+    from pdstack.controller import planner
+
+    root = Path(__file__).resolve().parents[2]
+    dep = inv.load(root / inventory)
+    plan = planner.make_plan(dep, planner.load_facts(root / facts, list(dep.hosts)))
+    out, flags, i = [], plan.router.flags, 0
+    skip = {"--pd-disaggregation": 0, "--prefill": 2, "--decode": 1, "--host": 1, "--port": 1,
+            "--prometheus-host": 1, "--prometheus-port": 1}
+    while i < len(flags):
+        if flags[i] in skip:
+            i += 1 + skip[flags[i]]
+            continue
+        out.append(flags[i])
+        i += 1
+    return out
+
+
 class Stack:
     """prefill + decode sims, the router, and a front door (replaceable with other admission settings)."""
 
@@ -49,13 +71,26 @@ class Stack:
             self._stack.callback(self.decode.stop)
             self.prefill.start()
             self.decode.start()
-            self.router = RouterProcess([self.prefill], [self.decode], self.log_dir,
-                                        [*ROUTER_ARGS, *(router_extra or [])])
-            self._stack.callback(self.router.stop)
+            self.router_extra = [*ROUTER_ARGS, *(router_extra or [])]
+            self.router = RouterProcess([self.prefill], [self.decode], self.log_dir, self.router_extra)
+            self._stack.callback(lambda: self.router.stop())
             self.router.start()
         except BaseException:
             self._stack.close()
             raise
+
+    def restart_prefill(self) -> SimProcess:
+        """A new prefill process on the same ports (the old one must be gone)."""
+        self.prefill = SimProcess("prefill", self.log_dir, SIM_ARGS, port=self.prefill.port,
+                                  bootstrap_port=self.prefill.bootstrap_port)
+        self._stack.callback(self.prefill.stop)
+        return self.prefill.start()
+
+    def restart_router(self) -> RouterProcess:
+        """A new router on the same ports (the old one must be gone)."""
+        self.router = RouterProcess([self.prefill], [self.decode], self.log_dir, self.router_extra,
+                                    port=self.router.port, metrics_port=self.router.metrics_port)
+        return self.router.start()
 
     def with_frontdoor(self, **settings) -> FrontDoorProcess:
         if self.frontdoor is not None:

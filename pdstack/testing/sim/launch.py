@@ -127,7 +127,10 @@ class SimProcess(ManagedProcess):
         if self.bootstrap_port is not None:
             argv += ["--disaggregation-bootstrap-port", str(self.bootstrap_port)]
         argv += list(extra or [])
-        super().__init__(f"sim {role}:{self.port}", argv, Path(log_dir) / f"sim-{role}-{self.port}.log")
+        log = Path(log_dir) / f"sim-{role}-{self.port}.log"
+        while log.exists():  # a restart on the same port keeps the earlier log
+            log = log.with_name(log.stem + "+.log")
+        super().__init__(f"sim {role}:{self.port}", argv, log)
 
     @property
     def url(self) -> str:
@@ -149,8 +152,8 @@ class RouterProcess(ManagedProcess):
     """The real sglang-router (Rust) in PD mode in front of sim workers."""
 
     def __init__(self, prefills: list[SimProcess], decodes: list[SimProcess], log_dir: Path,
-                 extra: list[str] | None = None):
-        self.port, self.metrics_port = free_port(), free_port()
+                 extra: list[str] | None = None, port: int | None = None, metrics_port: int | None = None):
+        self.port, self.metrics_port = port or free_port(), metrics_port or free_port()
         argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation"]
         for p in prefills:
             argv += ["--prefill", p.url, str(p.bootstrap_port) if p.bootstrap_port else "none"]
@@ -158,7 +161,10 @@ class RouterProcess(ManagedProcess):
             argv += ["--decode", d.url]
         argv += ["--host", LOCALHOST, "--port", str(self.port), "--prometheus-host", LOCALHOST,
                  "--prometheus-port", str(self.metrics_port), "--log-level", "warn", *list(extra or [])]
-        super().__init__(f"router:{self.port}", argv, Path(log_dir) / f"router-{self.port}.log")
+        log = Path(log_dir) / f"router-{self.port}.log"
+        while log.exists():  # a restart on the same port keeps the earlier log
+            log = log.with_name(log.stem + "+.log")
+        super().__init__(f"router:{self.port}", argv, log)
 
     @property
     def url(self) -> str:
