@@ -276,6 +276,28 @@ def test_completions_flow_and_a_burst_is_refused_fast(one_host, hosts):
     assert code == 200, body
 
 
+def test_only_the_front_door_faces_a_host_that_is_not_a_peer(one_host, hosts):
+    """pdstack-test-2 is booted but not in the one-host layout: the host firewall refuses it the decode, prefill and
+    metrics ports (TCP reset, at once), while the front door serves it."""
+    probe = ("import sys, urllib.request\n"
+             "try:\n"
+             "    print(urllib.request.urlopen(sys.argv[1], timeout=10).status)\n"
+             "except OSError as e:\n"
+             "    print('refused' if 'refused' in str(e) else repr(e))\n")
+    target = hosts["pdstack-test-1"]
+    for port in (30001, 30000, 29000, 8404):
+        t0 = time.monotonic()
+        r = sh("pdstack-test-2", "python3", "-c", probe, f"http://{target}:{port}/health")
+        assert r.stdout.strip() == "refused" and time.monotonic() - t0 < 5, (port, r.stdout, r.stderr)
+    r = sh("pdstack-test-2", "python3", "-c", probe, f"http://{target}:8000/health")
+    assert r.stdout.strip() == "200", r.stdout + r.stderr
+    rules = sh("pdstack-test-1", "nft", "list", "table", "inet", "pdstack")
+    assert rules.returncode == 0 and "reject with tcp reset" in rules.stdout, rules.stderr
+    # ssh is never touched; Docker's own tables are still there
+    assert "dport 22" not in rules.stdout
+    assert sh("pdstack-test-1", "nft", "list", "tables").stdout.count("table") > 1
+
+
 def test_killed_decode_comes_back_under_systemd(one_host, hosts):
     router = f"http://{hosts['pdstack-test-1']}:8000"
     before = container_id("pdstack-test-1", "pdstack-decode-0")
