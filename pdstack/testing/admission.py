@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import sys
 import tempfile
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from pdstack.testing.sim.launch import FrontDoorProcess, RouterProcess, SimProcess, http_get
 
+TRUNCATED = b"\n<<TRUNCATED BODY>>"  # appended to a body that was cut off mid-transfer
 # A sim PD pair whose decode runs at `DECODE_TPS` tokens/s: a request of `tokens` new tokens takes tokens/DECODE_TPS s.
 DECODE_TPS = 32.0
 SIM_ARGS = ["--prefill-tokens-per-s", "1000000", "--decode-tokens-per-s", str(DECODE_TPS),
@@ -154,10 +156,14 @@ def request(url: str, tokens: int, timeout: float = 180.0, stream: bool = False)
     t0 = time.monotonic()
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (loopback)
-            status, raw, ra = r.status, r.read(), r.headers.get("Retry-After")
+            status, ra = r.status, r.headers.get("Retry-After")
+            try:
+                raw = r.read()
+            except http.client.IncompleteRead as e:  # the body was cut off (a stream past a timeout or a drain)
+                raw = e.partial + TRUNCATED
     except urllib.error.HTTPError as e:
         status, raw, ra = e.code, e.read(), e.headers.get("Retry-After")
-    except OSError as e:
+    except (OSError, http.client.HTTPException) as e:
         status, raw, ra = 0, str(e).encode(), None
     return {"status": status, "seconds": time.monotonic() - t0, "retry_after": ra,
             "body": raw[:200].decode("utf-8", "replace"), "tail": raw[-200:].decode("utf-8", "replace")}

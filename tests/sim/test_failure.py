@@ -38,13 +38,17 @@ def test_prefill_killed_and_restarted_serves_within_15_s_of_its_health(tmp_path)
         assert request(fd.url, 8)["status"] == 200
         os.killpg(st.prefill.proc.pid, signal.SIGKILL)
         st.prefill.proc.wait(5)
-        t0, codes = time.monotonic(), []
+        t0, results = time.monotonic(), []
         while time.monotonic() - t0 < 10:  # clients keep coming while prefill is down (the breaker opens)
-            r = request(fd.url, 8, timeout=30)
-            codes.append(r["status"])
-            assert r["seconds"] < 10, r  # refused, not hung
-            time.sleep(0.3)
-        assert 200 not in codes, codes
+            out: list[dict] = []
+            ths = [threading.Thread(target=lambda: out.append(request(fd.url, 8, timeout=60))) for _ in range(6)]
+            for t in ths:
+                t.start()
+            for t in ths:
+                t.join()
+            results += out
+        assert all(r["status"] not in (0, 200) for r in results), results
+        assert max(r["seconds"] for r in results) < 20, results  # refused, not hung
         st.restart_prefill()
         assert http_get(st.prefill.url + "/health")[0] == 200
         healthy = time.monotonic()
@@ -85,10 +89,11 @@ def test_router_stop_drains_in_flight_within_its_grace_and_the_front_door_answer
         assert [r["status"] for r in out["short"]] == [200] * 3, out["short"]
         assert all(r["tail"].rstrip().endswith("data: [DONE]") for r in out["short"]), out["short"]
         # a stream longer than the grace period is cut when it ends (no [DONE]); the router is gone by then
-        assert not out["long"][0]["tail"].rstrip().endswith("data: [DONE]"), out["long"]
+        assert out["long"] and not out["long"][0]["tail"].rstrip().endswith("data: [DONE]"), out["long"]
         assert stopped_after < grace + 3, stopped_after
-        # the front door: refused at once with 503 + Retry-After, not hung
-        assert during["status"] == 503 and during["retry_after"] == "1" and during["seconds"] < 2, during
+        # the front door: 503 + Retry-After, not hung (HAProxy retries a refused connection 3 times, 1 s apart, until
+        # its health check takes the router out, ~4 s; then at once)
+        assert during["status"] == 503 and during["retry_after"] == "1" and during["seconds"] < 5, during
         st.restart_router()
         deadline = time.monotonic() + 10
         while (r := request(fd.url, 4))["status"] != 200:
