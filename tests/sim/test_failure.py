@@ -41,7 +41,7 @@ def test_prefill_killed_and_restarted_serves_within_15_s_of_its_health(tmp_path)
         t0, results = time.monotonic(), []
         while time.monotonic() - t0 < 10:  # clients keep coming while prefill is down (the breaker opens)
             out: list[dict] = []
-            ths = [threading.Thread(target=lambda: out.append(request(fd.url, 8, timeout=60))) for _ in range(6)]
+            ths = [threading.Thread(target=lambda o=out: o.append(request(fd.url, 8, timeout=60))) for _ in range(6)]
             for t in ths:
                 t.start()
             for t in ths:
