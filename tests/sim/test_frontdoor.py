@@ -145,3 +145,22 @@ def test_a_reload_keeps_established_streams(stack):
     th.join(10)
     assert out and out[0]["status"] == 200 and out[0]["seconds"] > 2.5, out
     assert out[0]["tail"].rstrip().endswith("data: [DONE]"), out
+
+
+def test_an_api_key_is_required_when_set_and_never_logged(stack):
+    fd = stack.with_frontdoor(api_key="s3cret-test-key", max_concurrent_requests=2, queue_size=2, queue_timeout_secs=5)
+    body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 4}})
+
+    def call(headers: dict) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", fd.port, timeout=30)
+        conn.request("POST", "/generate", body, {"Content-Type": "application/json", **headers})
+        status = conn.getresponse().status
+        conn.close()
+        return status
+
+    assert call({}) == 401
+    assert call({"Authorization": "Bearer wrong"}) == 401
+    assert call({"Authorization": "Bearer s3cret-test-key"}) == 200
+    assert "s3cret" not in fd.config_path.read_text()
+    time.sleep(0.5)
+    assert "s3cret" not in fd.log_path.read_text()

@@ -184,7 +184,7 @@ class FrontDoorProcess(ManagedProcess):
 
     HAPROXY = "/usr/sbin/haproxy"
 
-    def __init__(self, router: RouterProcess, log_dir: Path, **settings):
+    def __init__(self, router: RouterProcess, log_dir: Path, api_key: str | None = None, **settings):
         from pdstack.controller import frontdoor
 
         self.port, self.metrics_port = free_port(), free_port()
@@ -194,8 +194,14 @@ class FrontDoorProcess(ManagedProcess):
                    "hard_stop_after_secs": 60, "max_connections": 4096, "metrics_bind": LOCALHOST,
                    "metrics_port": self.metrics_port, **settings}
         self.config_path = Path(log_dir) / f"haproxy-{self.port}.cfg"
+        key_file = None
+        if api_key:  # what roles/frontdoor writes from the Vault variable
+            key_file = Path(log_dir) / f"haproxy-{self.port}.keys"
+            key_file.write_text(f"Bearer {api_key}\n")
+            key_file.chmod(0o600)
         self.config_path.write_text(frontdoor.haproxy_config(self.fd, log="stdout format raw local0",
-                                                             stats_socket=None))
+                                                             stats_socket=None,
+                                                             api_key_file=str(key_file) if key_file else None))
         if not Path(self.HAPROXY).exists():
             raise PdstackError(f"{self.HAPROXY} not found: apt-get install haproxy (./dev.sh setup does)")
         check = subprocess.run([self.HAPROXY, "-c", "-f", str(self.config_path)], capture_output=True, text=True)
