@@ -45,3 +45,13 @@ def test_the_script_passes_nft_check_and_touches_only_its_table(tmp_path):
         assert r.returncode == 0, r.stderr
     with pytest.raises(ValueError):
         firewall.nft_ruleset(plan, host, ["not-an-address"], [])
+
+
+def test_peer_names_are_the_plans_addresses_and_the_monitoring_hosts():
+    plan = _plan("inventory/production", "reference-2node-8gpu.json")
+    names = firewall.peer_names(plan)
+    assert set(names) == {s["address"] for s in plan["servers"]} | {plan["router"]["address"]}
+    plan["monitoring_hosts"] = ["mon01"]
+    assert "mon01" in firewall.peer_names(plan)
+    assert "10.9.9.9" in firewall.peer_names(plan, {"mon01": "10.9.9.9", "elsewhere": "10.1.1.1"})
+    assert "10.1.1.1" not in firewall.peer_names(plan, {"mon01": "10.9.9.9", "elsewhere": "10.1.1.1"})

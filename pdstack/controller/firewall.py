@@ -46,6 +46,15 @@ def peer_hosts(plan: dict[str, Any]) -> list[str]:
     return sorted(hosts)
 
 
+def peer_names(plan: dict[str, Any], addresses: dict[str, str] | None = None) -> list[str]:
+    """The addresses (names or IPs, to resolve on the host) of the deployment's hosts: the plan's server and router
+    addresses, and for the other hosts (monitoring) `addresses[host]` (their pdstack_address), else the name."""
+    from pdstack.controller.monitoring.scrape import plan_hosts
+
+    known = plan_hosts(plan, {h: a for h, a in (addresses or {}).items() if h in peer_hosts(plan)})
+    return sorted(set(known.values()))
+
+
 def nft_ruleset(plan: dict[str, Any], host: str, peer_addresses: list[str], admin_peers: list[str]) -> str:
     """The nft script for `host`: `peer_addresses` are the peers' resolved IPs, `admin_peers` extra addresses or
     CIDRs (e.g. an operator's network). Re-loading it replaces the table in one transaction."""
@@ -86,11 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", required=True, help="inventory host")
     ap.add_argument("--peer", action="append", default=[], help="a peer's IP address (repeat)")
     ap.add_argument("--admin-peer", action="append", default=[], help="an extra address or CIDR (repeat)")
-    ap.add_argument("--peer-hosts", action="store_true", help="print the peers' inventory names (JSON) and exit")
+    ap.add_argument("--peer-names", action="store_true",
+                    help="print the peers' addresses to resolve on the host (JSON) and exit")
+    ap.add_argument("--address", action="append", default=[], metavar="HOST=ADDRESS",
+                    help="an inventory host's pdstack_address (repeat)")
     a = ap.parse_args(argv)
     plan = json.loads(sys.stdin.read() if a.plan == "-" else Path(a.plan).read_text())
-    if a.peer_hosts:
-        print(json.dumps(peer_hosts(plan)))
+    if a.peer_names:
+        print(json.dumps(peer_names(plan, dict(x.split("=", 1) for x in a.address))))
         return 0
     sys.stdout.write(nft_ruleset(plan, a.host, a.peer, a.admin_peer))
     return 0
