@@ -59,6 +59,8 @@ def test_prefill_killed_and_restarted_serves_within_15_s_of_its_health(tmp_path)
             assert time.monotonic() - healthy < 15, f"no success 15 s after prefill's /health: {r}"
             time.sleep(0.25)
         assert time.monotonic() - healthy < 15
+        print(f"prefill restarted: first success {time.monotonic() - healthy:.1f} s after its /health "
+              f"(refused while down: {sorted({r['status'] for r in results})})")
 
 
 def test_router_stop_drains_in_flight_within_its_grace_and_the_front_door_answers_503(tmp_path):
@@ -91,6 +93,8 @@ def test_router_stop_drains_in_flight_within_its_grace_and_the_front_door_answer
         # a stream longer than the grace period is cut when it ends (no [DONE]); the router is gone by then
         assert out["long"] and not out["long"][0]["tail"].rstrip().endswith("data: [DONE]"), out["long"]
         assert stopped_after < grace + 3, stopped_after
+        print(f"router stop: gone after {stopped_after:.1f} s (grace {grace} s); a new request meanwhile: "
+              f"{during['status']} in {during['seconds']:.2f} s")
         # the front door: 503 + Retry-After, not hung (HAProxy retries a refused connection 3 times, 1 s apart, until
         # its health check takes the router out, ~4 s; then at once)
         assert during["status"] == 503 and during["retry_after"] == "1" and during["seconds"] < 5, during
