@@ -82,8 +82,8 @@ def deploy(c: Context, inventory: str = "", check: bool = False, tags: str = "",
 @task(help={"count": "number of hosts", "prefix": "container name prefix"})
 def testhost_up(c: Context, count: int = 1, prefix: str = "pdstack-local") -> None:
     """Boot local Debian bookworm test hosts (systemd in containers), reachable by Ansible."""
-    from pdstack import testhost
     from pdstack.errors import PdstackError
+    from pdstack.testing import testhost
     try:
         names = testhost.up(count=count, prefix=prefix)
     except PdstackError as e:
@@ -94,8 +94,8 @@ def testhost_up(c: Context, count: int = 1, prefix: str = "pdstack-local") -> No
 @task(help={"prefix": "container name prefix"})
 def testhost_down(c: Context, prefix: str = "pdstack-local") -> None:
     """Remove exactly what testhost.up made (containers, volumes, network)."""
-    from pdstack import testhost
     from pdstack.errors import PdstackError
+    from pdstack.testing import testhost
     try:
         removed = testhost.down(prefix=prefix)
     except PdstackError as e:
@@ -106,7 +106,7 @@ def testhost_down(c: Context, prefix: str = "pdstack-local") -> None:
 @task(help={"prefix": "container name prefix"})
 def testhost_status(c: Context, prefix: str = "pdstack-local") -> None:
     """Show the local test hosts."""
-    from pdstack import testhost
+    from pdstack.testing import testhost
     print(testhost.format_status(testhost.status(prefix=prefix)))
 
 
@@ -151,12 +151,12 @@ def rollback(c: Context, inventory: str = "") -> None:
 
 
 @task(help={"flavor": "prod (SGLang + our kernels and patches) or sim (the test engine + sglang-router)",
-            "base": "base image: offline | local | a reference present here (default: images/bases.yaml)",
+            "base": "base image: locked | local | an image reference (default: images/bases.yaml)",
             "save": "also write the image as a tarball (.tar or .tar.gz) plus PATH.sha256, for the playbooks",
             "push": "also push to this registry (REGISTRY/pdstack/<flavor>:<tag>)"})
 def build_image(c: Context, flavor: str = "prod", base: str = "", save: str = "", push: str = "") -> None:
     """Build the serving (prod) or test-engine (sim) image; a no-op when an image of the same inputs exists."""
-    from pdstack import build as b
+    from pdstack.controller import imagebuild as b
     from pdstack.errors import PdstackError
     try:
         m = b.build(flavor=flavor, base=base or None, save=save or None, push=push or None)
@@ -165,25 +165,31 @@ def build_image(c: Context, flavor: str = "prod", base: str = "", save: str = ""
     print(b.format_manifest(m))
 
 
-@task
-def build_base_offline(c: Context) -> None:
-    """Build CI's offline stand-in for the SGLang CUDA base (debootstrap, CPU torch, sglang --no-deps, PyPI nvcc)."""
-    from pdstack import build as b
-    from pdstack.errors import PdstackError
-    try:
-        print(b.ensure_offline_base())
-    except PdstackError as e:
-        raise Exit(f"invoke build.base-offline: {e}", 1) from e
+PROD_LOCK_CMD = ["pip", "compile", "--generate-hashes", "--python-platform", "x86_64-manylinux_2_36",
+                 "--python-version", "3.11", "--no-emit-package", "nixl-cu12", "--quiet", "requirements/prod-image.in",
+                 "-o", "requirements/prod-image.lock"]
+
+
+@task(help={"upgrade": "re-resolve every package to its newest allowed version (default: keep what the lock has)"})
+def lock_prod_image(c: Context, upgrade: bool = False) -> None:
+    """Regenerate requirements/prod-image.lock (hash-locked serving stack) from requirements/prod-image.in with uv."""
+    uv = BIN / "uv"
+    if not uv.exists():
+        raise Exit(f"{uv} is missing: run ./dev.sh setup (uv is pinned in requirements/lock.txt)", 1)
+    with c.cd(str(ROOT)):
+        c.run(shlex.join([str(uv), *PROD_LOCK_CMD, *(["--upgrade"] if upgrade else [])]), echo=True, env=_env())
 
 
 build = Collection("build")
 build.add_task(build_image, name="image", default=True)
-build.add_task(build_base_offline, name="base-offline")
 
 testhost = Collection("testhost")
 testhost.add_task(testhost_up, name="up")
 testhost.add_task(testhost_down, name="down")
 testhost.add_task(testhost_status, name="status")
 
-ns = Collection(lint, test, plan, deploy, rollback, kernels, demo, testhost, build)
+lock = Collection("lock")
+lock.add_task(lock_prod_image, name="prod-image")
+
+ns = Collection(lint, test, plan, deploy, rollback, kernels, demo, testhost, build, lock)
 ns.configure({"run": {"echo": True}})

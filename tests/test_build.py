@@ -1,9 +1,9 @@
-"""`invoke build` (pdstack.build): content-addressed inputs, the manifest and labels, both flavors built for real,
-the no-op rebuild, and a patch that does not apply failing the prod build.
+"""`invoke build` (pdstack.controller.imagebuild): content-addressed inputs, the manifest and labels, both flavors
+built for real, the no-op rebuild, and a patch that does not apply failing the prod build.
 
 The slow tests build images with the local Docker engine (CI runs them; without an engine they fail under CI=true
-and skip elsewhere). The prod build uses the offline base (debootstrap + CPU torch + sglang --no-deps + PyPI nvcc),
-built once and then found by tag.
+and skip elsewhere). The prod build is the real one: the locked CUDA base (debootstrap + requirements/prod-image.lock,
+built once and then found by tag), then kernels, patches, SGLang's JIT AOT and the in-image checks.
 """
 
 from __future__ import annotations
@@ -19,10 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from pdstack import build as b
+from pdstack.controller.imagebuild import rootfs
+from pdstack.controller.imagebuild.bases import LOCKED_BASE_REPO, ensure_locked_base, resolve_base
+from pdstack.controller.imagebuild.common import ROOT, BuildError, sha256_file
+from pdstack.controller.imagebuild.engine import client, image_exists
+from pdstack.controller.imagebuild.inputs import compute_inputs, image_tag
+from pdstack.controller.imagebuild.manifest import format_manifest, manifest_path
+from pdstack.controller.imagebuild.pins import default_series_dir
+from pdstack.controller.imagebuild.pipeline import build
+from pdstack.controller.imagebuild.wheels import pep508
 from pdstack.image.patches import read_series, series_hash
 
-SERIES = b.default_series_dir()
+SERIES = default_series_dir()
 
 
 def _copy_series(dst: Path) -> Path:
@@ -50,7 +58,7 @@ def _break_patch(series_dir: Path) -> str:
 def test_prod_inputs_cover_exactly_the_series_kernels_and_dockerfile(tmp_path):
     series = _copy_series(tmp_path / SERIES.name)
     (series / "0099-stray.patch.new").write_text("not listed in series\n")
-    inputs = b.compute_inputs("prod", "example/base@sha256:" + "0" * 64, series_dir=series)
+    inputs = compute_inputs("prod", "example/base@sha256:" + "0" * 64, series_dir=series)
     names = set(inputs["files"])
     assert "images/prod/Dockerfile" in names
     assert "kernels/csrc/index_k_store_bf16.cu" in names
@@ -63,53 +71,153 @@ def test_prod_inputs_cover_exactly_the_series_kernels_and_dockerfile(tmp_path):
     assert inputs["pins"]["cuda_archs"] == ["sm_120a"]
     assert inputs["pins"]["patch_series_sha256"] == series_hash(series)
     assert inputs["pins"]["jit_aot"] == "require"  # a real base must AOT-compile SGLang's JIT kernels
+    assert inputs["pins"]["checks"] == "on"
+    assert {"images/prod/checks.py", "images/prod/model-config/config.json"} <= names
+    assert len(inputs["pins"]["plan_argv_sha256"]) == 64
 
 
 def test_tag_changes_with_every_kind_of_input(tmp_path):
     series = _copy_series(tmp_path / SERIES.name)
     base = "example/base@sha256:" + "1" * 64
-    first = b.compute_inputs("prod", base, series_dir=series)
-    assert b.compute_inputs("prod", base, series_dir=series)["sha256"] == first["sha256"]  # stable
-    assert b.image_tag(first) == f"pdstack/sglang:{first['sha256'][:16]}"
-    tags = {b.image_tag(first)}
-    tags.add(b.image_tag(b.compute_inputs("prod", "example/base@sha256:" + "2" * 64, series_dir=series)))
-    tags.add(b.image_tag(b.compute_inputs("prod", base, series_dir=series, archs=("sm_120a", "sm_90a"))))
+    first = compute_inputs("prod", base, series_dir=series)
+    assert compute_inputs("prod", base, series_dir=series)["sha256"] == first["sha256"]  # stable
+    assert image_tag(first) == f"pdstack/sglang:{first['sha256'][:16]}"
+    tags = {image_tag(first)}
+    tags.add(image_tag(compute_inputs("prod", "example/base@sha256:" + "2" * 64, series_dir=series)))
+    tags.add(image_tag(compute_inputs("prod", base, series_dir=series, archs=("sm_120a", "sm_90a"))))
     _break_patch(series)
-    tags.add(b.image_tag(b.compute_inputs("prod", base, series_dir=series)))
+    tags.add(image_tag(compute_inputs("prod", base, series_dir=series)))
     assert len(tags) == 4
-    sim = b.compute_inputs("sim", "pdstack/pybase:x", wheels={"a-1-py3-none-any.whl": "00"})
-    assert sim["sha256"] != b.compute_inputs("sim", "pdstack/pybase:x", wheels={"a-2-py3-none-any.whl": "00"})["sha256"]
+    sim = compute_inputs("sim", "pdstack/pybase:x", wheels={"a-1-py3-none-any.whl": "00"})
+    assert sim["sha256"] != compute_inputs("sim", "pdstack/pybase:x", wheels={"a-2-py3-none-any.whl": "00"})["sha256"]
     assert "pdstack/testing/sim/server.py" in sim["files"] and "images/sim/Dockerfile" in sim["files"]
 
 
-def test_offline_base_uses_auto_jit_mode():
-    assert b._jit_mode(f"{b.OFFLINE_BASE_REPO}:abc") == "auto"
-    assert b._jit_mode("lmsysorg/sglang@sha256:" + "3" * 64) == "require"
+def _sim_tag(root: Path) -> str:
+    return image_tag(compute_inputs("sim", "pdstack/pybase:x", wheels={"a-1-py3-none-any.whl": "00"}, root=root))
+
+
+def test_sim_tag_covers_only_what_the_sim_image_contains(tmp_path):
+    # A copy of the tree the sim image is made from, plus a controller module it does not contain.
+    root = tmp_path / "repo"
+    for rel in ("pyproject.toml", "images/sim/Dockerfile", "pdstack", "requirements/lock.txt"):
+        src = ROOT / rel
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, root / rel, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, root / rel)
+    first = _sim_tag(root)
+    files = compute_inputs("sim", "x", root=root)["files"]
+    assert "pdstack/testing/sim/server.py" in files and "pdstack/cli.py" in files
+    assert not any(f.startswith(("pdstack/controller/", "pdstack/hostside/", "pdstack/image/",
+                                 "pdstack/testing/testhost")) for f in files), sorted(files)
+    planner = root / "pdstack" / "controller" / "planner.py"
+    planner.write_text(planner.read_text() + "\n# an edit the sim image does not contain\n")
+    (root / "pdstack" / "testing" / "testhost" / "hosts.py").write_text("# edited\n")
+    assert _sim_tag(root) == first
+    engine = root / "pdstack" / "testing" / "sim" / "engine.py"
+    engine.write_text(engine.read_text() + "\n# an edit inside the sim image\n")
+    assert _sim_tag(root) != first
+
+
+def test_sbom_names_the_one_wheel_each_locked_distribution_installed(tmp_path):
+    from pdstack.controller.imagebuild import sbom
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    good = wheels / "foo_bar-1.0-py3-none-any.whl"
+    good.write_bytes(b"the wheel")
+    other = wheels / "foo_bar-0.9-py3-none-any.whl"  # another version in the cache: not what the lock installs
+    other.write_bytes(b"old")
+    lock = tmp_path / "x.lock"
+    lock.write_text("# header\nfoo-bar==1.0 \\\n    --hash=sha256:" + "0" * 64 + " \\\n    --hash=sha256:"
+                    + sha256_file(good) + "\n    # via x\n")
+    assert sbom.locked(lock) == {"foo-bar": ("1.0", {"0" * 64, sha256_file(good)})}
+    assert sbom.installed_wheels(lock, wheels) == {"foo-bar": ("1.0", good.name, sha256_file(good))}
+    good.write_bytes(b"tampered")
+    with pytest.raises(BuildError, match="lacks the locked wheel of: foo-bar"):
+        sbom.installed_wheels(lock, wheels)
+
+
+def test_the_prod_lock_pins_every_distribution_with_hashes():
+    from pdstack.controller.imagebuild import sbom
+    from pdstack.controller.imagebuild.bases import PROD_LOCK
+
+    entries = sbom.locked(PROD_LOCK)
+    assert entries["sglang"][0] == "0.5.23" and entries["torch"][0] == "2.14.1"
+    for name in ("sglang-kernel", "sgl-deep-gemm", "flashinfer-python", "apache-tvm-ffi", "sglang-router",
+                 "mooncake-transfer-engine-cuda13", "nixl-cu13", "nixl", "nvidia-cuda-nvcc"):
+        assert name in entries, name
+    assert "nixl-cu12" not in entries  # left out on purpose (requirements/prod-image.in says why)
+    assert all(hashes for _, hashes in entries.values())
+
+
+def test_locked_base_is_the_prod_default_and_prod_only(monkeypatch):
+    from pdstack.controller.imagebuild.pins import default_base
+
+    assert default_base("prod") == "locked" and default_base("sim") == "local"
+    with pytest.raises(BuildError, match="--base locked is the prod flavor's"):
+        resolve_base(object(), "sim", "locked")
 
 
 def test_pep508_from_wheel_names():
-    assert b._pep508("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl") == "torch==2.13.0+cpu"
-    assert b._pep508("nvidia_cuda_nvcc-13.0.88-py3-none-manylinux2014_x86_64.whl") == "nvidia_cuda_nvcc==13.0.88"
+    assert pep508("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl") == "torch==2.13.0+cpu"
+    assert pep508("nvidia_cuda_nvcc-13.0.88-py3-none-manylinux2014_x86_64.whl") == "nvidia_cuda_nvcc==13.0.88"
+
+
+def test_rootfs_build_needs_root(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(BuildError, match="needs root"):
+        rootfs.preflight("the python base")
+
+
+def test_rootfs_build_needs_debootstrap(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(rootfs, "debootstrap_bin", lambda: None)
+    with pytest.raises(BuildError, match=r"debootstrap is not installed[\s\S]*dev\.sh setup"):
+        rootfs.preflight("the python base")
+
+
+def test_debootstrap_progress_counts_packages(capsys):
+    pkgs = [f"p{i}" for i in range(10)]
+    lines = ["I: Retrieving InRelease", "I: Validating Packages"]
+    lines += [f"I: {v} {p} 1.0" for p in pkgs for v in ("Retrieving", "Validating")]
+    lines += [f"I: Extracting {p}..." for p in pkgs[:4]] + ["I: Installing core packages..."]
+    lines += [f"I: Unpacking {p}..." for p in pkgs[:4]] + [f"I: Configuring {p}..." for p in pkgs[:4]]
+    lines += ["I: Unpacking the base system..."] + [f"I: Unpacking {p}..." for p in pkgs[4:]]
+    lines += ["I: Configuring the base system..."] + [f"I: Configuring {p}..." for p in pkgs[4:]]
+    progress = rootfs.DebootstrapProgress()
+    fractions = []
+    for line in lines:
+        progress.feed(line)
+        fractions.append(progress.fraction())
+    assert progress.downloaded == progress.unpacked == progress.configured == 10
+    known = [f for f in fractions if f is not None]
+    assert known == sorted(known) and known[-1] == 1.0
+    progress.feed("I: Base system installed successfully.")
+    progress.render(final=True)
+    assert "100%" in capsys.readouterr().err
 
 
 def test_missing_engine_says_how_to_fix(monkeypatch, tmp_path):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")
-    with pytest.raises(b.BuildError) as e:
-        b.client()
+    with pytest.raises(BuildError) as e:
+        client()
     assert "cannot reach the Docker engine" in str(e.value)
     assert "Fix:" in str(e.value) and "dev.sh setup" in str(e.value)
 
 
 def test_unknown_flavor_is_refused():
-    with pytest.raises(b.BuildError, match="--flavor prod or --flavor sim"):
-        b.build(flavor="gpu")
+    with pytest.raises(BuildError, match="--flavor prod or --flavor sim"):
+        build(flavor="gpu")
 
 
 def test_format_manifest_is_a_table():
     m = {"tag": "pdstack/sim:abc", "image_id": "sha256:" + "f" * 64, "size_bytes": 3e8, "base": {"ref": "x"},
          "inputs": {"files": {"a": "1"}}, "inputs_sha256": "ab" * 32, "noop": True, "seconds": 0.3,
          "labels": {"io.pdstack.flavor": "sim", "org.opencontainers.image.revision": "r1", "other": "hidden"}}
-    text = b.format_manifest(m)
+    text = format_manifest(m)
     assert "no-op in 0.3 s" in text and "flavor" in text and "r1" in text and "hidden" not in text
 
 
@@ -119,8 +227,8 @@ def test_format_manifest_is_a_table():
 @pytest.fixture(scope="module")
 def docker_client():
     try:
-        return b.client()
-    except b.BuildError as e:
+        return client()
+    except BuildError as e:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI=true but no Docker engine: {e}")
         pytest.skip(f"no Docker engine: {e}")
@@ -132,7 +240,7 @@ def _run(c, image: str, cmd: str) -> str:
 
 
 def _manifest_ok(m: dict, flavor: str, c) -> None:
-    on_disk = json.loads(b.manifest_path(flavor).read_text())
+    on_disk = json.loads(manifest_path(flavor).read_text())
     assert on_disk == m
     img = c.images.get(m["tag"])
     assert img.id == m["image_id"]
@@ -142,7 +250,7 @@ def _manifest_ok(m: dict, flavor: str, c) -> None:
     assert m["labels"]["io.pdstack.inputs.sha256"] == m["inputs_sha256"]
     assert m["tag"].endswith(":" + m["inputs_sha256"][:16])
     rev = m["labels"]["org.opencontainers.image.revision"]
-    head = subprocess.run(["git", "-C", str(b.ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     assert len(rev.removesuffix("-dirty")) == 40 and int(rev[:40], 16) >= 0
     assert head.strip()  # a checkout: the label is a real commit id
     assert m["inputs"]["files"] and all(len(v) == 64 for v in m["inputs"]["files"].values())
@@ -151,7 +259,7 @@ def _manifest_ok(m: dict, flavor: str, c) -> None:
 @pytest.mark.slow
 def test_sim_image_runs_the_test_engine_and_the_real_router(docker_client, tmp_path):
     c = docker_client
-    m = b.build(flavor="sim")
+    m = build(flavor="sim")
     _manifest_ok(m, "sim", c)
     assert m["labels"]["io.pdstack.router.version"] == "0.3.2"
     assert m["labels"]["io.pdstack.test-engine"] == "true"
@@ -164,18 +272,18 @@ def test_sim_image_runs_the_test_engine_and_the_real_router(docker_client, tmp_p
     assert "torch: None" in out  # lean: no torch in the sim image
 
     t0 = time.monotonic()
-    again = b.build(flavor="sim", save=str(tmp_path / "sim.tar"))
+    again = build(flavor="sim", save=str(tmp_path / "sim.tar"))
     assert again["noop"] and again["tag"] == m["tag"] and again["image_id"] == m["image_id"]
     # the no-op itself (without --save) must stay under 5 s; measure it alone
     t1 = time.monotonic()
-    third = b.build(flavor="sim")
+    third = build(flavor="sim")
     noop_s = time.monotonic() - t1
     assert third["noop"] and noop_s < 5, f"no-op build took {noop_s:.1f} s"
     assert time.monotonic() - t0 > 0
     saved = again["saved"]
     sha_line = (tmp_path / "sim.tar.sha256").read_text().split()
     assert sha_line == [saved["sha256"], "sim.tar"]
-    assert b._sha256_file(tmp_path / "sim.tar") == saved["sha256"]
+    assert sha256_file(tmp_path / "sim.tar") == saved["sha256"]
     with tarfile.open(tmp_path / "sim.tar") as t:
         index = json.load(t.extractfile("manifest.json"))
     assert m["tag"] in index[0]["RepoTags"]
@@ -192,30 +300,44 @@ def _file_from_image(c, image: str, path: str) -> bytes:
 
 
 @pytest.mark.slow
-def test_prod_image_on_the_offline_base_has_kernels_patches_and_labels(docker_client, tmp_path):
+def test_prod_image_on_the_locked_base_patched_compiled_and_checked(docker_client, tmp_path):
+    """The real image: our CUDA 13 base from the lock, the series applied with RECORD checks, our kernels and SGLang's
+    JIT (with every index-K store our plans select) compiled for sm_120, the in-image checks passed, an SBOM."""
     c = docker_client
-    m = b.build(flavor="prod", base="offline")
+    m = build(flavor="prod")  # images/bases.yaml: prod: locked
     _manifest_ok(m, "prod", c)
     labels = m["labels"]
     assert labels["io.pdstack.sglang.version"] == "0.5.23"
     assert labels["io.pdstack.patches.sha256"] == series_hash(SERIES)
     assert labels["io.pdstack.kernels.archs"] == "sm_120a"
-    assert labels["io.pdstack.jit-aot"] == "auto"
-    assert m["base"]["ref"].startswith(b.OFFLINE_BASE_REPO + ":")
-    out = _run(c, m["tag"], "cat /opt/pdstack/patches/applied.txt; "
-                            "site=$(python3 -c 'import importlib.util as u, os; "
-                            "print(os.path.dirname(os.path.dirname(u.find_spec(\"sglang\").origin)))'); "
-                            "grep -l PDSTACK_DSV4_BF16_INDEX_K $site/sglang/srt/mem_cache/deepseek_v4_memory_pool.py; "
-                            "cat /opt/pdstack/jit-aot.json; "
+    assert labels["io.pdstack.jit-aot"] == "require" and labels["io.pdstack.checks"] == "on"
+    assert m["base"]["ref"].startswith(LOCKED_BASE_REPO + ":")
+    assert m["sbom"]["format"] == "CycloneDX 1.6 JSON" and m["sbom"]["components"] >= 200
+    sbom = json.loads((ROOT / m["sbom"]["path"]).read_text())
+    torch = next(x for x in sbom["components"] if x["name"] == "torch")
+    assert torch["version"] == "2.14.1" and len(torch["externalReferences"][0]["hashes"]) == 1
+    out = _run(c, m["tag"], "cat /opt/pdstack/patches/applied.txt; echo; cat /opt/pdstack/jit-aot.json; echo; "
+                            "cat /opt/pdstack/checks.json; echo; "
                             "python3 -c 'import importlib.util as u; "
                             "print(\"pdk\", u.find_spec(\"pdstack_kernels\").origin)'; "
+                            "python3 -c 'import torch; print(\"torch\", torch.__version__, torch.version.cuda)'; "
                             "echo lib=$PDSTACK_KERNELS_LIB")
     for p in read_series(SERIES):
         assert f"applied  {p.name}" in out
     assert f"series sha256 {series_hash(SERIES)}" in out
-    assert "deepseek_v4_memory_pool.py" in out
+    assert "recorded  sglang/srt/mem_cache/deepseek_v4_memory_pool.py sha256=" in out
     assert "pdk /opt/sglang/lib/python3.11/site-packages/pdstack_kernels/__init__.py" in out
-    assert "CPU build" in out  # the offline base cannot run SGLang's JIT: skipped, and the report says why
+    assert "torch 2.14.1+cu130 13.0" in out
+    reports = [json.loads(chunk) for chunk in _json_objects(out)]
+    jit = next(r for r in reports if "compiled" in r)
+    assert jit["skipped"] is None and not jit["failed"], jit
+    compiled = {x["module"] for x in jit["compiled"]}
+    assert any(n.startswith("index-K store bf16") for n in compiled) and any(n.startswith("index-K store fp8")
+                                                                             for n in compiled)
+    checks = next(r for r in reports if "imports" in r)
+    assert checks["failures"] == [] and checks["launch_server_help"]["rc"] == 0 and checks["router_help"]["rc"] == 0
+    assert {r["server"] for r in checks["plan_argv"]} == {"prefill-0", "decode-0"}
+    assert all(r["parsed"] for r in checks["plan_argv"])
     lib = _file_from_image(c, m["tag"], "/opt/pdstack/kernels/libpdstack_kernels.so")
     assert lib[:4] == b"\x7fELF"
     (tmp_path / "lib.so").write_bytes(lib)
@@ -227,27 +349,41 @@ def test_prod_image_on_the_offline_base_has_kernels_patches_and_labels(docker_cl
         assert b"sm_120a" in lib or b"sm_120" in lib
 
     t0 = time.monotonic()
-    again = b.build(flavor="prod", base="offline")
+    again = build(flavor="prod")
     assert again["noop"] and again["image_id"] == m["image_id"] and time.monotonic() - t0 < 5
+
+
+def _json_objects(text: str):
+    """The top-level JSON objects printed one after another (each report file ends with a newline)."""
+    dec = json.JSONDecoder()
+    i = 0
+    while (i := text.find("{", i)) != -1:
+        try:
+            _, end = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            i += 1
+            continue
+        yield text[i:end]
+        i = end
 
 
 @pytest.mark.slow
 def test_a_patch_that_does_not_apply_fails_the_prod_build(docker_client, tmp_path):
     series = _copy_series(tmp_path / SERIES.name)
     broken = _break_patch(series)
-    inputs_tag = b.image_tag(b.compute_inputs("prod", b.ensure_offline_base(docker_client), series_dir=series))
-    with pytest.raises(b.BuildError) as e:
-        b.build(flavor="prod", base="offline", series_dir=series, manifest=tmp_path / "manifest.json")
+    inputs_tag = image_tag(compute_inputs("prod", ensure_locked_base(docker_client), series_dir=series))
+    with pytest.raises(BuildError) as e:
+        build(flavor="prod", series_dir=series, manifest=tmp_path / "manifest.json")
     msg = str(e.value)
     assert broken in msg and "FAILED" in msg, msg
-    assert not b.image_exists(docker_client, inputs_tag)
+    assert not image_exists(docker_client, inputs_tag)
     assert not (tmp_path / "manifest.json").exists()
 
 
 @pytest.mark.slow
 def test_an_unreachable_base_says_how_to_bring_it_offline(docker_client):
     ref = "registry.example.invalid/sglang@sha256:" + "0" * 64
-    with pytest.raises(b.BuildError) as e:
-        b.resolve_base(docker_client, "prod", ref)
+    with pytest.raises(BuildError) as e:
+        resolve_base(docker_client, "prod", ref)
     msg = str(e.value)
-    assert "cannot be pulled" in msg and "docker load -i base.tar" in msg and "--base offline" in msg
+    assert "cannot be pulled" in msg and "docker load -i base.tar" in msg and "--base locked" in msg

@@ -602,6 +602,45 @@ def test_series_file_problems(tmp_path):
         read_series(series)
 
 
+def _site_with_record(tmp_path: Path) -> Path:
+    """A site-packages holding the pristine touched files and an sglang RECORD listing exactly them (+ one more)."""
+    site = tmp_path / "site"
+    _copy_pristine(site, TOUCHED)
+    hashes = _record_hashes()
+    dist = site / "sglang-0.5.23.dist-info"
+    dist.mkdir()
+    rows = [[rel, hashes[rel], str((site / rel).stat().st_size)] for rel in TOUCHED]
+    rows.append(["sglang-0.5.23.dist-info/RECORD", "", ""])
+    with (dist / "RECORD").open("w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows(rows)
+    return site
+
+
+def test_record_checked_before_and_rewritten_after(tmp_path):
+    site = _site_with_record(tmp_path)
+    results = apply_series(SERIES, site, record=True)
+    assert [r.status for r in results] == ["applied"] * 4
+    with (site / "sglang-0.5.23.dist-info" / "RECORD").open() as f:
+        rows = {row[0]: row for row in csv.reader(f)}
+    pristine = _record_hashes()
+    for rel in TOUCHED:
+        data = (site / rel).read_bytes()
+        digest = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        assert rows[rel][1:] == [digest, str(len(data))] and digest != pristine[rel]
+    assert rows["sglang-0.5.23.dist-info/RECORD"][1:] == ["", ""]
+    # A second run: the files now match the RECORD we wrote, every patch reports already applied.
+    assert [r.status for r in apply_series(SERIES, site, record=True)] == ["already applied"] * 4
+
+
+def test_a_file_that_differs_from_record_is_refused_before_anything_changes(tmp_path):
+    site = _site_with_record(tmp_path)
+    (site / INDEXER).write_text((site / INDEXER).read_text() + "# local edit\n")
+    before = {rel: (site / rel).read_bytes() for rel in TOUCHED}
+    with pytest.raises(PatchError, match=r"indexer\.py differs from sglang-0\.5\.23\.dist-info/RECORD"):
+        apply_series(SERIES, site, record=True)
+    assert {rel: (site / rel).read_bytes() for rel in TOUCHED} == before
+
+
 def test_series_hash(tmp_path):
     h = series_hash(SERIES)
     assert len(h) == 64 and h == series_hash(SERIES)

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from pdstack.controller import recall
+from pdstack.controller.smoke_settings import SIM_TOKENIZER
 from pdstack.testing.sim import model
 
 
 @pytest.fixture(scope="module")
 def builder():
-    return recall.PromptBuilder(recall.TokenCounter(recall.SIM_TOKENIZER), 9000)
+    return recall.PromptBuilder(recall.TokenCounter(SIM_TOKENIZER), 9000)
 
 
 @pytest.mark.parametrize("length", [500, 1000, 4096, 8000])
@@ -68,7 +69,7 @@ def test_answers_are_graded_by_kind(tmp_path):
     stack, s = start_pd(tmp_path, decode_extra=["--recall-horizon", "1500"],
                         router_extra=["--request-timeout-secs", "10", "--max-concurrent-requests", "1",
                                       "--queue-size", "0"])
-    kw = {"lengths": [1000, 2000], "depths": [0], "tokenizer": recall.SIM_TOKENIZER, "variants": ["single"],
+    kw = {"lengths": [1000, 2000], "depths": [0], "tokenizer": SIM_TOKENIZER, "variants": ["single"],
           "concurrency": 1, "retries": 0}
     with stack:
         rep = recall.run_recall(s.router.url, timeout=10, **kw)

@@ -52,13 +52,13 @@ def _engine_or_skip():
 def sim_image():
     """The sim image saved where inventory/test points (build/manifest-sim.json, build/images/sim.tar)."""
     _engine_or_skip()
-    from pdstack import build
-    return build.build("sim", save=str(ROOT / "build" / "images" / "sim.tar"))
+    from pdstack.controller.imagebuild import build
+    return build("sim", save=str(ROOT / "build" / "images" / "sim.tar"))
 
 
 @pytest.fixture(scope="module")
 def hosts(sim_image):
-    from pdstack import testhost
+    from pdstack.testing import testhost
     testhost.down(prefix=PREFIX)  # a previous run killed mid-way leaves nothing behind
     testhost.up(count=3, prefix=PREFIX)
     try:

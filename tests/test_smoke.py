@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +16,9 @@ from sim_helpers import start_pd  # noqa: E402
 from pdstack import cli  # noqa: E402
 
 pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
 
 GRID = ["--lengths", "1K,2K,4K,8K", "--depths", "0,50,100"]
 DECODE_200 = ["--decode-tokens-per-s", "200"]  # so C=1 decode speed is measurable against a baseline
@@ -59,3 +64,36 @@ def test_no_collapse_passes_and_keeps_every_file(tmp_path, capsys):
     assert rc == 1
     summary = json.loads((tmp_path / "slow" / "summary.json").read_text())
     assert summary["failed"] == ["bench"], summary
+
+
+def smoke_phase(tmp_path: Path, router_url: str, *extra: str) -> subprocess.CompletedProcess:
+    """The smoke role as a deploy runs it (tests/playbooks/smoke_phase.yml) for inventory/test/one-host."""
+    xv = {"smoke_plan": {"router": {"host": "localhost", "url": router_url}}, "smoke_router_url": router_url,
+          "preflight_state_dir": str(tmp_path / "state"), "smoke_results_dir": str(tmp_path / "smoke")}
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+           "ANSIBLE_NOCOLOR": "1"}
+    return subprocess.run([str(BIN / "ansible-playbook"), "tests/playbooks/smoke_phase.yml", "-i",
+                           "inventory/test/one-host", "-e", json.dumps(xv), *extra], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_extra_vars_reach_the_gate(tmp_path):
+    """`ansible-playbook -e pdstack_smoke=...` changes what the smoke role runs and what it gates on, not only the
+    preflight: the role reads the variables Ansible resolved, not the inventory's files again."""
+    stack, s = start_pd(tmp_path, decode_extra=["--recall-horizon", "3000"])
+    with stack:
+        # inventory/test: grid 1K..4K, min_horizon 4000 -> horizon 2000 fails the gate
+        r = smoke_phase(tmp_path, s.router.url)
+        assert r.returncode != 0, r.stdout[-4000:]
+        assert "recall  FAIL  horizon 2000 tokens (min 4000; grid 1K..4K x 3 depths)" in r.stdout, r.stdout[-4000:]
+        # the same deploy with a smaller grid and gate given with -e: it runs that grid, and passes
+        xs = {"pdstack_smoke": {"min_horizon": 2000, "grid": {"lengths": [1000, 2000], "depths": [0, 100],
+                                                              "variant": "single"},
+                                "bench": {"concurrency": [1], "requests": 1, "max_new_tokens": 16}}}
+        r = smoke_phase(tmp_path, s.router.url, "-e", json.dumps(xs))
+        assert r.returncode == 0, r.stdout[-4000:]
+        assert "recall  PASS  horizon 2000 tokens (min 2000; grid 1K..2K x 2 depths)" in r.stdout, r.stdout[-4000:]
+    latest = tmp_path / "smoke" / "one-host" / "latest"
+    rec = json.loads((latest / "recall.json").read_text())
+    assert (rec["lengths"], rec["depths"], rec["variants"]) == ([1000, 2000], [0, 100], ["single"])
+    assert json.loads((latest / "bench.json").read_text())["levels"][0]["requests"] == 1

@@ -1,17 +1,22 @@
-"""pdstack_smoke in the inventories: schema defaults, typos rejected, and what `pdstack smoke -i` takes from it."""
+"""pdstack_smoke in the inventories: schema defaults, typos rejected, what `pdstack smoke -i` takes from it (and from
+the resolved variables with --vars, so `-e` reaches the gate), and one set of defaults for smoke, recall and bench:
+the inventory schema's."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from pdstack.controller import inventory, smoke
+from pdstack import cli
+from pdstack.controller import inventory, smoke, smoke_settings
 from pdstack.errors import InventoryError
 
 
 @pytest.mark.parametrize("inv", ["inventory/production", "inventory/local", "inventory/test/one-host",
                                  "inventory/test/three-host"])
 def test_every_inventory_sets_a_smoke_gate(inv):
-    s = smoke.settings_from_inventory(inv)
+    s = smoke_settings.from_inventory(inv)
     assert s["min_horizon"] > 0 and s["baseline"] and 0 < s["tolerance"] < 1
     assert s["min_horizon"] in s["lengths"]  # the gate is a grid point, so "within one grid step" holds
     dep = inventory.load(inv)
@@ -28,3 +33,54 @@ def test_smoke_schema_defaults_and_typos():
         h["pdstack_smoke"] = {"min_horizon": 4000, "bench": {"baseline": 64}}
     with pytest.raises(InventoryError, match="did you mean 'baseline_tps'"):
         inventory.build_deployment(hv, groups)
+
+
+def parse(*argv: str):
+    return cli.build_parser(list(argv)).parse_args(list(argv))
+
+
+def test_smoke_recall_and_bench_defaults_are_the_schemas():
+    """An inventory without pdstack_smoke (and admission off) is what every CLI does without one."""
+    hv, groups = inventory.load_hostvars("inventory/local")
+    for h in hv.values():
+        h.pop("pdstack_smoke", None)
+        h["pdstack_router"] = {**h["pdstack_router"], "admission": {"max_concurrent_requests": -1}}
+    dep = inventory.build_deployment(hv, groups)
+    schema = smoke_settings.settings(dep.smoke, dep.router["admission"])
+    assert smoke_settings.DEFAULTS == schema
+    assert smoke.settings(parse("smoke", "--url", "u", "--out", "o")) == schema
+    r = vars(parse("recall", "--url", "u"))
+    assert {k: r[k] for k in ("lengths", "depths", "tokenizer", "variant", "needles", "concurrency", "timeout",
+                              "min_horizon")} == {k: schema[k] for k in ("lengths", "depths", "tokenizer", "variant",
+                                                                        "needles", "concurrency", "timeout",
+                                                                        "min_horizon")}
+    b = vars(parse("bench", "--url", "u"))
+    assert (b["concurrency"], b["requests"], b["max_new_tokens"], b["timeout"], b["baseline"], b["tolerance"]) == (
+        schema["bench_concurrency"], schema["bench_requests"], schema["bench_tokens"], schema["timeout"],
+        schema["baseline"], schema["tolerance"])
+
+
+def test_smoke_reads_the_resolved_variables_so_extra_vars_reach_the_gate(tmp_path):
+    """What the preflight role writes (roles/preflight/tasks/resolved.yml) with `-e pdstack_smoke=...` applied."""
+    inv = "inventory/test/one-host"
+    hv, groups = inventory.load_hostvars(inv)
+    from_files = smoke.settings(parse("smoke", "--url", "u", "--out", "o", "-i", inv))
+    assert from_files["min_horizon"] == 4000 and from_files["lengths"] == [1000, 2000, 4000]
+    extra = {"min_horizon": 2000, "grid": {"lengths": [1000, 2000], "depths": [0]}, "bench": {"requests": 1}}
+    for h in hv.values():
+        h["pdstack_smoke"] = extra  # an extra var replaces the whole variable
+    resolved = tmp_path / "inventory.json"
+    resolved.write_text(json.dumps({"hostvars": hv, "groups": groups}))
+    s = smoke.settings(parse("smoke", "--url", "u", "--out", "o", "-i", inv, "--vars", str(resolved)))
+    assert (s["min_horizon"], s["lengths"], s["depths"], s["bench_requests"]) == (2000, [1000, 2000], [0], 1)
+    # what -e left out comes from the schema, not from the inventory's files
+    assert s["baseline"] is None and s["variant"] == smoke_settings.DEFAULTS["variant"]
+    # flags still win
+    s = smoke.settings(parse("smoke", "--url", "u", "--out", "o", "-i", inv, "--vars", str(resolved),
+                             "--min-horizon", "1000"))
+    assert s["min_horizon"] == 1000
+
+
+def test_vars_without_an_inventory_is_a_usage_error(tmp_path, capsys):
+    assert cli.main(["smoke", "--url", "u", "--out", str(tmp_path), "--vars", str(tmp_path / "x.json")]) == 2
+    assert "--vars FILE needs -i/--inventory" in capsys.readouterr().err

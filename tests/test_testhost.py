@@ -1,4 +1,4 @@
-"""Local test hosts (pdstack.testhost).
+"""Local test hosts (pdstack.testing.testhost).
 
 The fast tests need nothing. The slow ones boot real systemd containers on the local Docker engine; they skip only
 when no engine answers (CI starts one with ./dev.sh setup). They use their own random prefix, so they never touch a
@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdstack import testhost
 from pdstack.errors import PdstackError
+from pdstack.testing import testhost
+from pdstack.testing.testhost import baseimage
+from pdstack.testing.testhost import hosts as testhosts
 
 REPO = Path(__file__).resolve().parents[1]
 COLLECTIONS = REPO / ".collections"
@@ -32,31 +34,18 @@ def test_unreachable_engine_says_how_to_fix(monkeypatch):
         testhost.client()
 
 
-def test_build_needs_root(monkeypatch):
-    monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(PdstackError, match="needs root"):
-        testhost._preflight_build()
-
-
-def test_build_needs_debootstrap(monkeypatch):
-    monkeypatch.setattr(os, "geteuid", lambda: 0)
-    monkeypatch.setattr(testhost, "_debootstrap_bin", lambda: None)
-    with pytest.raises(PdstackError, match=r"debootstrap is not installed[\s\S]*dev\.sh setup"):
-        testhost._preflight_build()
-
-
 def test_base_image_tag_follows_the_recipe(monkeypatch):
     tag = testhost.base_image_tag()
     assert tag.startswith("pdstack/testhost-base:") and len(tag.split(":")[1]) == 12
     assert testhost.base_image_tag() == tag
-    monkeypatch.setattr(testhost, "INCLUDE", (*testhost.INCLUDE, "less"))
+    monkeypatch.setattr(baseimage, "INCLUDE", (*baseimage.INCLUDE, "less"))
     assert testhost.base_image_tag() != tag
 
 
 @pytest.mark.parametrize("bad", ["", "-x", "a b", "a/b", "x" * 49])
 def test_prefix_is_checked(bad):
     with pytest.raises(PdstackError, match="invalid test host prefix"):
-        testhost._check_prefix(bad)
+        testhosts.check_prefix(bad)
 
 
 def test_inventory_reaches_hosts_through_docker_exec(tmp_path):
@@ -72,27 +61,6 @@ def test_inventory_reaches_hosts_through_docker_exec(tmp_path):
         "h-1": {"ansible_host": "h-1"},
         "h-2": {"ansible_host": "h-2"},
     }
-
-
-def test_debootstrap_progress_counts_packages(capsys):
-    pkgs = [f"p{i}" for i in range(10)]
-    lines = ["I: Retrieving InRelease", "I: Validating Packages"]
-    lines += [f"I: {v} {p} 1.0" for p in pkgs for v in ("Retrieving", "Validating")]
-    lines += [f"I: Extracting {p}..." for p in pkgs[:4]] + ["I: Installing core packages..."]
-    lines += [f"I: Unpacking {p}..." for p in pkgs[:4]] + [f"I: Configuring {p}..." for p in pkgs[:4]]
-    lines += ["I: Unpacking the base system..."] + [f"I: Unpacking {p}..." for p in pkgs[4:]]
-    lines += ["I: Configuring the base system..."] + [f"I: Configuring {p}..." for p in pkgs[4:]]
-    progress = testhost._DebootstrapProgress()
-    fractions = []
-    for line in lines:
-        progress.feed(line)
-        fractions.append(progress.fraction())
-    assert progress.downloaded == progress.unpacked == progress.configured == 10
-    known = [f for f in fractions if f is not None]
-    assert known == sorted(known) and known[-1] == 1.0
-    progress.feed("I: Base system installed successfully.")
-    progress.render(final=True)
-    assert "100%" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------ slow (real Docker)

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow
 
 
 class SimServices:
-    """Restart = stop the sim process, start a new one on the same ports with the same flags (faults reset)."""
+    """Restart = stop the sim process, start a new one on the same ports with the same flags (faults reset). The new
+    process replaces the old in the PDStack, whose cleanup (start_pd's ExitStack) stops it."""
 
     def __init__(self, stack, tmp_path, permanent_decode_fault: dict | None = None):
         self.stack, self.tmp_path, self.permanent = stack, tmp_path, permanent_decode_fault
@@ -32,8 +33,8 @@ class SimServices:
         old = getattr(self.stack, role)
         old.stop()
         new = SimProcess(role, self.tmp_path, list(FAST), port=old.port, bootstrap_port=old.bootstrap_port)
+        setattr(self.stack, role, new)  # before start: the PDStack's cleanup stops whatever it holds
         new.start()
-        setattr(self.stack, role, new)
         if self.permanent and role == "decode":
             new.fault(**self.permanent)
         return True, ""

@@ -36,11 +36,19 @@ AOT_MODULES = (
     ("sglang.kernels.ops.attention.dsv4.flashmla_sched_meta", "_jit_flashmla_sched_meta_module"),
     ("sglang.kernels.ops.attention.dsv4.norm_rope", "_jit_fused_rope_module"),
 )
+# The index-K store (compress.py's _jit_compress_norm_rope_module, the kernel our patch 0002 changes), once per
+# index_k_dtype our plans can select (inventory `pdstack_model.index_k_dtype`): bf16 (bf16_store=True, our recall fix)
+# and fp8 (bf16_store=False, upstream). Its other template arguments are fixed for DeepSeek-V4 on CUDA: the compressor
+# runs in the model's bf16, the indexer's head_dim is 128 with a 64-dim RoPE, and the c4 index pool's page is
+# SGLang's DSv4 page size 256 (arg_groups/model_overrides/deepseek_v4.py) // compress ratio 4 = 64 slots, V4 layout.
+INDEX_K_STORES = (("bf16", True), ("fp8", False))
+INDEX_K_SHAPE = {"head_dim": 128, "rope_dim": 64, "page_size": 64}
 # Compiled on first start (template arguments come from the model config / server flags).
 FIRST_START = (
     "norm_rope: fused_norm_rope, main_q_norm_rope, main_k_norm_rope_flashmla, main_q_indexer_rope_hadamard_quant",
-    "compress: compress_norm_rope, compress (ratio 4/128), compress_128_online_v2; low_ratio_compress: c1, c2",
-    "attn: fused_store (flashmla / indexer; the bf16 index-K store of our patch series lives here)",
+    "compress: compress (ratio 4/128), compress_128_online_v2; low_ratio_compress: c1, c2; the latent (head_dim 512) "
+    "compress_norm_rope store",
+    "attn: fused_store (flashmla / indexer)",
     "fp4_indexer_rope: index_k_rope_pack, index_q_rope_pack; candidate_blocks: block_amax",
     "topk (topk_v1/v2 transform_512), wo_a, online_c128_mtp, moe/dsv4, silu_and_mul_clamp",
 )
@@ -85,25 +93,41 @@ def main(argv: list[str] | None = None) -> int:
 
     failed = []
     with override_jit_cuda_arch(major, minor):
-        for mod, fn in AOT_MODULES:
+        for name, load in _jobs():
             t0 = time.monotonic()
             try:
-                getattr(importlib.import_module(mod), fn)()
-            except Exception as e:  # loading may fail without a driver after the build was published; keep going
-                failed.append(f"{mod}.{fn}: {type(e).__name__}: {e}")
-                print(f"jit-aot: {fn}: {type(e).__name__}: {e}", file=sys.stderr)
+                load()
+            except Exception as e:  # keep going, so the report names every module that fails
+                failed.append(f"{name}: {type(e).__name__}: {e}")
+                print(f"jit-aot: FAILED {name}: {type(e).__name__}: {e}", file=sys.stderr)
                 continue
-            report["compiled"].append({"module": f"{mod}.{fn}", "seconds": round(time.monotonic() - t0, 1)})
-            print(f"jit-aot: {fn} ({time.monotonic() - t0:.0f} s)")
+            report["compiled"].append({"module": name, "seconds": round(time.monotonic() - t0, 1)})
+            print(f"jit-aot: {name} ({time.monotonic() - t0:.0f} s)", flush=True)
     cache = Path(report["cache_dir"] or "~/.cache/sglang/jit").expanduser()
     built = sorted(str(p.relative_to(cache)) for p in cache.rglob("*.so")) if cache.is_dir() else []
     report["cache_objects"] = built
     report["failed"] = failed
     args.report.write_text(json.dumps(report, indent=2) + "\n")
-    if failed and not built:
-        print("jit-aot: nothing compiled", file=sys.stderr)
-        return 1 if args.mode == "require" else 0
+    if failed and args.mode == "require":
+        print(f"jit-aot: --mode require: {len(failed)} module(s) failed to compile: " + "; ".join(failed),
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def _jobs():
+    """(name, loader) for every module compiled here: the argument-free ones, then each index-K store."""
+    for mod, fn in AOT_MODULES:
+        yield f"{mod}.{fn}", lambda mod=mod, fn=fn: getattr(importlib.import_module(mod), fn)()
+    for dtype_name, bf16_store in INDEX_K_STORES:
+        def load(bf16_store=bf16_store):
+            import torch
+            from sglang.kernels.ops.attention.dsv4.compress import KVLayout, _jit_compress_norm_rope_module
+
+            shape = INDEX_K_SHAPE
+            _jit_compress_norm_rope_module(torch.bfloat16, shape["head_dim"], shape["rope_dim"], shape["page_size"],
+                                           bf16_store, KVLayout.V4)
+        yield f"index-K store {dtype_name} (compress._jit_compress_norm_rope_module, bf16_store={bf16_store})", load
 
 
 if __name__ == "__main__":

@@ -152,8 +152,9 @@ __global__ __launch_bounds__(kBlockSize) void index_k_store_bf16_kernel(
 extern "C" {
 
 // Bumped when a launcher's arguments change or one is added; the Python loader checks it.
-// 2: pdstack_topk_transform (topk512.cu) added.
-int pdstack_kernels_abi_version() { return 2; }
+// 2: pdstack_topk_transform (topk512.cu) added. 3: it removed again (SGLang's own top-k is as fast or faster at
+// the sizes decode and prefill use: kernels/BENCHMARKS.md).
+int pdstack_kernels_abi_version() { return 3; }
 
 // Returns a cudaError_t (0 = success). All pointers are device pointers; `plans` is
 // [num_tokens, 16] bytes of DecodePlan (is_decode != 0) or CompressPlan (is_decode == 0).

@@ -2,7 +2,7 @@
 
     python -m pdstack_kernels.build [--arch sm_120a --arch sm_90a] [--out DIR]
 
-The library is loaded with ctypes by :mod:`pdstack_kernels.store` (store and ``topk_transform_512(backend="cuda")``).
+The library is loaded with ctypes by :mod:`pdstack_kernels.store` (the index-K store).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 KERNELS_ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("index_k_store_bf16.cu", "topk512.cu")
+SOURCES = ("index_k_store_bf16.cu",)
 LIB_NAME = "libpdstack_kernels.so"
 
 

@@ -85,14 +85,20 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+MAX_PAGES_PER_PROG = 8
+
+
 def _pages_per_prog(batch: int, max_pages: int, device: torch.device) -> int:
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
     else:
         sms = 4
     ppp = 1
-    # grow while the grid still has >= 2 programs per SM (the best of 1..16 in every H200 case, BENCHMARKS.md)
-    while ppp < 16 and batch * triton.cdiv(max_pages, ppp * 2) >= 2 * sms:
+    # Grow while the grid still has >= 2 programs per SM, up to 8 pages. Under CUDA graphs max_seq_len is the
+    # capture's width, and a row much shorter than it leaves all its live pages to its first program, one page
+    # after the other: 16 pages per program made such batches up to 2x slower on an H200, 8 costs rows as long as
+    # max_seq_len ~1 % against 16 (kernels/BENCHMARKS.md, "Rows shorter than max_seq_len").
+    while ppp < MAX_PAGES_PER_PROG and batch * triton.cdiv(max_pages, ppp * 2) >= 2 * sms:
         ppp *= 2
     return ppp
 

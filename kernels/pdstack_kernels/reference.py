@@ -36,7 +36,6 @@ __all__ = [
     "paged_mqa_logits_torch_gather",
     "quantize_fp8_pages",
     "quantize_fp8_rows",
-    "topk_transform_ref",
 ]
 
 
@@ -249,32 +248,3 @@ def paged_mqa_logits_torch_gather(
     positions = torch.arange(max_seq_len, device=q.device)
     logits.masked_fill_(positions.unsqueeze(0) >= seq_lens.unsqueeze(1), float("-inf"))
     return logits
-
-
-# ----------------------------------------------------------------------------- top-k
-
-
-def topk_transform_ref(
-    logits: torch.Tensor, seq_lens: torch.Tensor, page_table: torch.Tensor, page_size: int = PAGE_SIZE, topk: int = 512
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(page_indices, raw_indices), each [B, topk] int32, upstream's topk_transform semantics.
-
-    Row b ranks its first ``seq_lens[b]`` logits. If seq_len <= topk it takes positions 0..seq_len-1 in order;
-    otherwise the topk largest (in descending order here; the kernels return them unordered). A position i
-    maps to slot ``page_table[b, i // page_size] * page_size + i % page_size``; unused slots are -1.
-    """
-    b = logits.shape[0]
-    raw = torch.full((b, topk), -1, dtype=torch.int64, device=logits.device)
-    for i in range(b):
-        n = min(int(seq_lens[i]), logits.shape[1])
-        if n <= 0:
-            continue
-        if n <= topk:
-            raw[i, :n] = torch.arange(n, device=logits.device)
-        else:
-            raw[i] = torch.topk(logits[i, :n].float(), topk).indices
-    valid = raw >= 0
-    r = raw.clamp_min(0)
-    pages = torch.gather(page_table.long(), 1, r // page_size)
-    slots = torch.where(valid, pages * page_size + r % page_size, torch.full_like(r, -1))
-    return slots.to(torch.int32), raw.to(torch.int32)

@@ -19,7 +19,7 @@ from ._checks import KernelArgError, check_tensor
 PAGE_SIZE = 64
 HEAD_DIM = 128
 ROPE_DIM = 64
-ABI_VERSION = 2
+ABI_VERSION = 3
 LIB_ENV = "PDSTACK_KERNELS_LIB"
 
 _lock = threading.Lock()
@@ -62,24 +62,6 @@ def load_library(path: str | os.PathLike[str] | None = None, *, build_if_missing
             ctypes.c_uint32,  # compress_ratio
             ctypes.c_uint32,  # num_tokens
             ctypes.c_int,  # is_decode
-            ctypes.c_void_p,  # stream
-        ]
-        fn = lib.pdstack_topk_transform
-        fn.restype = ctypes.c_int
-        fn.argtypes = [
-            ctypes.c_void_p,  # logits
-            ctypes.c_void_p,  # seq_lens
-            ctypes.c_void_p,  # page_table
-            ctypes.c_void_p,  # out
-            ctypes.c_void_p,  # raw (may be NULL)
-            ctypes.c_int64,  # stride_l
-            ctypes.c_int64,  # stride_pt
-            ctypes.c_int32,  # batch
-            ctypes.c_int32,  # width
-            ctypes.c_int32,  # k
-            ctypes.c_int32,  # page_bits
-            ctypes.c_int32,  # max_staged
-            ctypes.c_int32,  # max_cand
             ctypes.c_void_p,  # stream
         ]
         if path is None:

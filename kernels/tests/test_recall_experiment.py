@@ -1,4 +1,4 @@
-"""Invariants of the synthetic recall experiment (kernels/recall/experiment.py), at --quick sizes."""
+"""Invariants of the synthetic recall experiment (kernels/recall_experiment/experiment.py), at --quick sizes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from recall import experiment as E
+from recall_experiment import experiment as E
 
 QUICK = E.Config(ns=(256, 512, 1024, 4096), margins=(0.01, 0.3), commons=(0.0, 64.0), trials=16, seed=3)
 
@@ -69,3 +69,10 @@ def test_cli_quick_writes_outputs(tmp_path, capsys):
     assert doc["cells"] and {"rate_fp8", "rate_bf16"} <= set(doc["cells"][0])
     assert (tmp_path / "recall.png").stat().st_size > 10_000
     assert "| N |" in capsys.readouterr().out
+
+
+def test_default_output_is_outside_the_source_tree():
+    """A run without --out writes under build/, never over the committed results beside experiment.py."""
+    here = E.Path(E.__file__).resolve().parent
+    assert E.DEFAULT_OUT.parts[-2:] == ("build", "recall_experiment")
+    assert here not in E.DEFAULT_OUT.parents and E.DEFAULT_OUT != here

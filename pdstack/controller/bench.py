@@ -20,7 +20,9 @@ import sys
 import time
 import urllib.parse
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+
+from pdstack.controller import results
+from pdstack.controller.smoke_settings import DEFAULTS, list_type
 
 PROMPT = "Write a long story about a river, a mountain and the people of the valley."
 
@@ -186,8 +188,9 @@ class BenchReport:
         return "\n".join(out)
 
 
-def run_bench(url: str, *, concurrency: list[int], requests: int = 3, max_new_tokens: int = 128,
-              timeout: float = 300.0, baseline_tps: float | None = None, tolerance: float = 0.2,
+def run_bench(url: str, *, concurrency: list[int], requests: int = DEFAULTS["bench_requests"],
+              max_new_tokens: int = DEFAULTS["bench_tokens"], timeout: float = DEFAULTS["timeout"],
+              baseline_tps: float | None = DEFAULTS["baseline"], tolerance: float = DEFAULTS["tolerance"],
               progress=None) -> BenchReport:
     levels = []
     conc = sorted(set([1, *concurrency]))
@@ -199,24 +202,25 @@ def run_bench(url: str, *, concurrency: list[int], requests: int = 3, max_new_to
                        levels=levels)
 
 
-def _ints(text: str) -> list[int]:
-    vals = [int(v) for v in text.replace(",", " ").split()]
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"{text!r}: concurrency levels are integers >= 1")
-    return vals
+_ints = list_type(int, lambda v: v >= 1, "concurrency levels are integers >= 1, e.g. 1,2,4")
 
 
 def register(p: argparse.ArgumentParser) -> None:
+    d = DEFAULTS  # the inventory schema's pdstack_smoke defaults, as `pdstack smoke` without -i uses them
     p.add_argument("--url", required=True, help="router URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--concurrency", type=_ints, default=[1, 2, 4],
-                   help="levels of the sweep, within the router's admission limit (default 1,2,4; 1 always runs)")
-    p.add_argument("--requests", type=int, default=3, help="requests per level (at least C) (default 3)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens each request decodes (default 128)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
-    p.add_argument("--baseline", type=float, default=None, metavar="TOK_S",
-                   help="expected C=1 decode tokens/s (the reference: ~64)")
-    p.add_argument("--tolerance", type=float, default=0.2,
-                   help="allowed shortfall below the baseline, a fraction (default 0.2 = 20 %%)")
+    p.add_argument("--concurrency", type=_ints, default=d["bench_concurrency"],
+                   help="levels of the sweep, within the router's admission limit "
+                        f"(default {','.join(map(str, d['bench_concurrency']))}; 1 always runs)")
+    p.add_argument("--requests", type=int, default=d["bench_requests"],
+                   help=f"requests per level (at least C) (default {d['bench_requests']})")
+    p.add_argument("--max-new-tokens", type=int, default=d["bench_tokens"],
+                   help=f"tokens each request decodes (default {d['bench_tokens']})")
+    p.add_argument("--timeout", type=float, default=d["timeout"],
+                   help=f"seconds per request (default {d['timeout']:g})")
+    p.add_argument("--baseline", type=float, default=d["baseline"], metavar="TOK_S",
+                   help="expected C=1 decode tokens/s (the reference: ~64; default: none, report only)")
+    p.add_argument("--tolerance", type=float, default=d["tolerance"],
+                   help=f"allowed shortfall below the baseline, a fraction (default {d['tolerance']:g})")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     p.epilog = "exit codes: 0 pass, 1 C=1 decode below baseline x (1 - tolerance), 3 requests failed"
 
@@ -227,9 +231,7 @@ def run(args: argparse.Namespace) -> int:
                        tolerance=args.tolerance, progress=lambda m: print(m, file=sys.stderr, flush=True))
     print(report.table())
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
-        print(f"JSON: {args.json}")
+        print(f"JSON: {results.write_json(args.json, report.to_dict())}")
     if report.failed:
         return 3
     return 1 if report.regressed else 0

@@ -62,13 +62,6 @@ def sglang_options() -> set[str]:
     return {o for a in sglang_parser()._actions for o in a.option_strings}
 
 
-def sglang_takes_value(option: str) -> bool:
-    for a in sglang_parser()._actions:
-        if option in a.option_strings:
-            return a.nargs != 0
-    raise KeyError(option)
-
-
 def render_extra(args: dict) -> list[str]:
     """{'mem-fraction-static': 0.85, 'enable-foo': True, 'disable-bar': False} -> ['--mem-fraction-static', '0.85',
     '--enable-foo']. false drops a bare flag; a list gives several values."""

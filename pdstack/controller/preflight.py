@@ -92,8 +92,7 @@ def static_problems(dep: Deployment) -> list[str]:
         if s["tp_size"] != len(s["gpus"]):
             p.append(f"{where}.tp_size: {s['tp_size']} does not match its {len(s['gpus'])} GPUs {s['gpus']}; "
                      f"set tp_size: {len(s['gpus'])} or change gpus")
-        if s["numa_node"] is not None and not s["numa_override"]:
-            pass  # compared with the facts in topology_problems
+        # numa_node (unless numa_override) is compared with the GPUs' node from the facts: topology_problems
         if s["ports"]["metrics"] not in (None, s["ports"]["http"]):
             p.append(f"{where}.ports.metrics: {s['ports']['metrics']} differs from ports.http "
                      f"{s['ports']['http']}; SGLang 0.5.23 serves /metrics on its HTTP port: remove ports.metrics")

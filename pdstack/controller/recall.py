@@ -35,9 +35,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_LENGTHS = [1000, 2000, 4000, 8000, 16000, 32000]
-DEFAULT_DEPTHS = [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
-SIM_TOKENIZER = Path(__file__).resolve().parents[1] / "testing" / "sim" / "tokenizer"
+from pdstack.controller import results
+from pdstack.controller.smoke_settings import DEFAULTS, list_type
+
+RETRIES = 3  # retries of a 429/408 refusal
+MAX_NEW_TOKENS = 32  # answer length cap
 STATUSES = ("pass", "wrong", "timeout", "http", "refused")
 MARK = {"pass": ".", "wrong": "X", "timeout": "T", "http": "E", "refused": "R"}
 KEYS = ("amber harbor", "cobalt ridge", "linen orchard", "quartz meadow", "willow bridge", "copper lantern",
@@ -284,8 +286,9 @@ def needle_depths(depth: float, n: int) -> list[float]:
 
 
 def run_recall(url: str, *, lengths: list[int], depths: list[float], tokenizer: str | Path, variants: list[str],
-               needles: int = 3, concurrency: int = 4, timeout: float = 120.0, max_new_tokens: int = 32,
-               retries: int = 3, min_horizon: int = 0, seed: int = 0, progress=None) -> RecallReport:
+               needles: int = DEFAULTS["needles"], concurrency: int = DEFAULTS["concurrency"],
+               timeout: float = DEFAULTS["timeout"], max_new_tokens: int = MAX_NEW_TOKENS, retries: int = RETRIES,
+               min_horizon: int = DEFAULTS["min_horizon"], seed: int = 0, progress=None) -> RecallReport:
     counter = TokenCounter(tokenizer)
     builder = PromptBuilder(counter, max(lengths))
     rng = random.Random(seed)
@@ -379,42 +382,40 @@ def print_progress(stream=None):
     return show
 
 
-def _int_list(text: str) -> list[int]:
-    out = []
-    for part in text.replace(",", " ").split():
-        part = part.strip().upper()
-        mult = 1000 if part.endswith("K") else 1
-        out.append(int(float(part.rstrip("K")) * mult))
-    if not out or any(v <= 0 for v in out):
-        raise argparse.ArgumentTypeError(f"{text!r}: give positive token counts, e.g. 1K,2K,4K or 1000,2000")
-    return sorted(set(out))
+def _tokens(text: str) -> int:
+    """1K -> 1000, 4096 -> 4096."""
+    text = text.strip().upper()
+    return int(float(text.removesuffix("K")) * (1000 if text.endswith("K") else 1))
 
 
-def _depth_list(text: str) -> list[float]:
-    out = sorted({float(p) for p in text.replace(",", " ").split()})
-    if not out or any(d < 0 or d > 100 for d in out):
-        raise argparse.ArgumentTypeError(f"{text!r}: depths are percentages 0-100, e.g. 0,25,50,75,100")
-    return out
+_int_list = list_type(_tokens, lambda v: v > 0, "give positive token counts, e.g. 1K,2K,4K or 1000,2000")
+_depth_list = list_type(float, lambda d: 0 <= d <= 100, "depths are percentages 0-100, e.g. 0,25,50,75,100")
 
 
 def register(p: argparse.ArgumentParser) -> None:
+    d = DEFAULTS  # the inventory schema's pdstack_smoke defaults, as `pdstack smoke` without -i uses them
     p.add_argument("--url", required=True, help="router URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--lengths", type=_int_list, default=DEFAULT_LENGTHS,
-                   help="context lengths in tokens, e.g. 1K,2K,4K (default 1K,2K,4K,8K,16K,32K)")
-    p.add_argument("--depths", type=_depth_list, default=DEFAULT_DEPTHS,
-                   help="needle depths in %% of the document (default 0,10,...,100)")
-    p.add_argument("--tokenizer", default=str(SIM_TOKENIZER),
+    p.add_argument("--lengths", type=_int_list, default=d["lengths"],
+                   help=f"context lengths in tokens, e.g. 1K,2K,4K (default {','.join(map(_k, d['lengths']))})")
+    p.add_argument("--depths", type=_depth_list, default=d["depths"],
+                   help=f"needle depths in %% of the document (default {','.join(f'{x:g}' for x in d['depths'])})")
+    p.add_argument("--tokenizer", default=d["tokenizer"],
                    help="directory with the model's tokenizer.json (default: the sim test engine's)")
-    p.add_argument("--variant", choices=("single", "multi", "both"), default="both",
-                   help="single needle, multi-needle (--needles per prompt), or both (default)")
-    p.add_argument("--needles", type=int, default=3, help="needles per prompt in the multi variant (default 3)")
-    p.add_argument("--concurrency", type=int, default=4,
-                   help="requests in flight; keep it within the router's max_concurrent_requests (default 4)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
-    p.add_argument("--retries", type=int, default=3, help="retries of a 429/408 refusal, with backoff (default 3)")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="answer length cap (default 32)")
-    p.add_argument("--min-horizon", type=int, default=0, metavar="TOKENS",
-                   help="exit 1 when the recall horizon is below this (default 0: report only)")
+    p.add_argument("--variant", choices=("single", "multi", "both"), default=d["variant"],
+                   help=f"single needle, multi-needle (--needles per prompt), or both (default {d['variant']})")
+    p.add_argument("--needles", type=int, default=d["needles"],
+                   help=f"needles per prompt in the multi variant (default {d['needles']})")
+    p.add_argument("--concurrency", type=int, default=d["concurrency"],
+                   help="requests in flight; keep it within the router's max_concurrent_requests "
+                        f"(default {d['concurrency']})")
+    p.add_argument("--timeout", type=float, default=d["timeout"],
+                   help=f"seconds per request (default {d['timeout']:g})")
+    p.add_argument("--retries", type=int, default=RETRIES,
+                   help=f"retries of a 429/408 refusal, with backoff (default {RETRIES})")
+    p.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS,
+                   help=f"answer length cap (default {MAX_NEW_TOKENS})")
+    p.add_argument("--min-horizon", type=int, default=d["min_horizon"], metavar="TOKENS",
+                   help=f"exit 1 when the recall horizon is below this (default {d['min_horizon']}: report only)")
     p.add_argument("--seed", type=int, default=0, help="seed of the needle codes (default 0)")
     p.add_argument("--json", metavar="FILE", help="write the full report as JSON")
     p.add_argument("--heatmap", metavar="FILE.png", help="write the depth x length heatmap")
@@ -433,9 +434,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(report.table())
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
-        print(f"JSON: {args.json}")
+        print(f"JSON: {results.write_json(args.json, report.to_dict())}")
     if args.heatmap:
         print(f"heatmap: {heatmap(report, args.heatmap)}")
     counts = report.counts()

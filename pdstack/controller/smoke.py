@@ -5,16 +5,21 @@
 The gate fails (exit 1) when the probe fails, the recall horizon is under --min-horizon, or C=1 decode tokens/s is
 below baseline x (1 - tolerance) (or bench requests fail). The smoke role (roles/smoke) runs this on the control node
 after every deploy, with OUT = build/smoke/<inventory>/<timestamp>, and fails the play with the summary.
+
+Settings: the inventory schema's pdstack_smoke defaults (smoke_settings.DEFAULTS, which recall and bench use too),
+then the inventory's pdstack_smoke (-i; with --vars from the variables Ansible resolved, as the smoke role passes
+them, so `ansible-playbook -e` reaches the gate), then the flags given.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from pdstack.controller import bench, recall
+from pdstack.controller import bench, recall, results, smoke_settings
+from pdstack.controller.smoke_settings import DEFAULTS
+from pdstack.errors import InventoryError
 from pdstack.hostside import probe
 
 
@@ -27,14 +32,14 @@ def run_smoke(url: str, out: Path, *, lengths: list[int], depths: list[float], t
 
     pr = probe.probe(url, first_token_timeout=probe_first_token_timeout, stall_timeout=probe_stall_timeout,
                      total_timeout=max(timeout, probe_first_token_timeout + probe_stall_timeout))
-    (out / "probe.json").write_text(json.dumps(pr.to_dict(), indent=1) + "\n")
+    results.write_json(out / "probe.json", pr.to_dict())
     gates["probe"] = {"passed": pr.ok, "stage": pr.stage, "exit_code": pr.code, "message": pr.message}
     lines.append(f"probe   {'PASS' if pr.ok else 'FAIL'}  [{pr.stage}] {pr.message}")
 
     rr = recall.run_recall(url, lengths=lengths, depths=depths, tokenizer=tokenizer, variants=variants,
                            needles=needles, concurrency=concurrency, timeout=timeout, min_horizon=min_horizon,
                            progress=recall.print_progress())
-    (out / "recall.json").write_text(json.dumps(rr.to_dict(), indent=1) + "\n")
+    results.write_json(out / "recall.json", rr.to_dict())
     png = recall.heatmap(rr, out / "recall.png")
     counts = rr.counts()
     gates["recall"] = {"passed": rr.passed, "horizon": rr.horizon(), "min_horizon": min_horizon, "counts": counts,
@@ -46,7 +51,7 @@ def run_smoke(url: str, out: Path, *, lengths: list[int], depths: list[float], t
     br = bench.run_bench(url, concurrency=bench_concurrency, requests=bench_requests, max_new_tokens=bench_tokens,
                          timeout=timeout, baseline_tps=baseline_tps, tolerance=tolerance,
                          progress=lambda m: print(m, file=sys.stderr, flush=True))
-    (out / "bench.json").write_text(json.dumps(br.to_dict(), indent=1) + "\n")
+    results.write_json(out / "bench.json", br.to_dict())
     c1 = br.c1
     gates["bench"] = {"passed": br.passed, "c1_decode_tps": c1.decode_tps_per_request, "baseline_tps": baseline_tps,
                       "floor_tps": br.floor_tps, "ttft_p50_s": c1.ttft_s["p50"], "itl_p50_s": c1.itl_s["p50"]}
@@ -61,62 +66,58 @@ def run_smoke(url: str, out: Path, *, lengths: list[int], depths: list[float], t
     head = f"pdstack smoke {url}: " + ("PASS" if passed else f"FAIL ({', '.join(failed)})")
     text = "\n".join([head, *("  " + line for line in lines), f"  heatmap: {png}", f"  results: {out}"])
     summary = {"url": url, "passed": passed, "failed": failed, "gates": gates, "dir": str(out), "heatmap": str(png)}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    results.write_json(out / "summary.json", summary)
     (out / "summary.txt").write_text(text + "\n")
     return passed, summary, text
 
 
 def register(p: argparse.ArgumentParser) -> None:
+    d = DEFAULTS  # the inventory schema's pdstack_smoke defaults; -i takes them from the inventory instead
     p.add_argument("--url", required=True, help="router URL")
     p.add_argument("--out", required=True, help="directory for probe/recall/bench JSON, the heatmap and the summary")
     p.add_argument("--inventory", "-i", metavar="DIR",
                    help="take every setting below that is not given from the inventory's pdstack_smoke (and recall "
                         "concurrency from pdstack_router.admission.max_concurrent_requests)")
-    p.add_argument("--lengths", type=recall._int_list, help="recall lengths (default 1K..32K)")
-    p.add_argument("--depths", type=recall._depth_list, help="recall depths, %% (default 0,10,...,100)")
+    p.add_argument("--vars", metavar="FILE",
+                   help="with -i: read pdstack_smoke from these resolved variables (the JSON the preflight role "
+                        "writes, extra vars included) instead of the inventory's files; the smoke role passes it")
+    p.add_argument("--lengths", type=recall._int_list,
+                   help=f"recall lengths (default {','.join(map(recall._k, d['lengths']))})")
+    p.add_argument("--depths", type=recall._depth_list,
+                   help=f"recall depths, %% (default {','.join(f'{x:g}' for x in d['depths'])})")
     p.add_argument("--tokenizer", help="directory with the model's tokenizer.json (default: the sim's)")
-    p.add_argument("--variant", choices=("single", "multi", "both"), help="needle variants (default both)")
-    p.add_argument("--needles", type=int, help="needles per prompt, multi variant (default 3)")
-    p.add_argument("--concurrency", type=int, help="recall requests in flight, within router admission (default 4)")
-    p.add_argument("--min-horizon", type=int, help="recall gate, tokens (default 0)")
+    p.add_argument("--variant", choices=("single", "multi", "both"), help=f"needle variants (default {d['variant']})")
+    p.add_argument("--needles", type=int, help=f"needles per prompt, multi variant (default {d['needles']})")
+    p.add_argument("--concurrency", type=int,
+                   help=f"recall requests in flight, within router admission (default {d['concurrency']})")
+    p.add_argument("--min-horizon", type=int, help=f"recall gate, tokens (default {d['min_horizon']})")
     p.add_argument("--baseline", type=float, help="C=1 decode tokens/s baseline (default: none, report only)")
-    p.add_argument("--tolerance", type=float, help="allowed shortfall below the baseline, fraction (default 0.2)")
-    p.add_argument("--bench-concurrency", type=bench._ints, help="bench sweep levels (default 1,2,4)")
-    p.add_argument("--bench-requests", type=int, help="bench requests per level (default 3)")
-    p.add_argument("--bench-tokens", type=int, help="tokens per bench request (default 128)")
-    p.add_argument("--timeout", type=float, help="seconds per request (default 300)")
+    p.add_argument("--tolerance", type=float,
+                   help=f"allowed shortfall below the baseline, fraction (default {d['tolerance']:g})")
+    p.add_argument("--bench-concurrency", type=bench._ints,
+                   help=f"bench sweep levels (default {','.join(map(str, d['bench_concurrency']))})")
+    p.add_argument("--bench-requests", type=int, help=f"bench requests per level (default {d['bench_requests']})")
+    p.add_argument("--bench-tokens", type=int, help=f"tokens per bench request (default {d['bench_tokens']})")
+    p.add_argument("--timeout", type=float, help=f"seconds per request (default {d['timeout']:g})")
     p.add_argument("--probe-first-token-timeout", type=float, default=60.0)
     p.add_argument("--probe-stall-timeout", type=float, default=15.0)
     p.epilog = "exit codes: 0 every gate passed, 1 a gate failed (summary says which), 2 usage or bad inventory"
 
 
-DEFAULTS = {"lengths": recall.DEFAULT_LENGTHS, "depths": recall.DEFAULT_DEPTHS, "tokenizer": str(recall.SIM_TOKENIZER),
-            "variant": "both", "needles": 3, "concurrency": 4, "min_horizon": 0, "baseline": None, "tolerance": 0.2,
-            "bench_concurrency": [1, 2, 4], "bench_requests": 3, "bench_tokens": 128, "timeout": 300.0}
-
-
-def settings_from_inventory(path: str) -> dict:
-    """pdstack_smoke (defaults filled by the inventory schema) as smoke CLI settings."""
-    from pdstack.controller import inventory
-
-    dep = inventory.load(path)
-    sm, adm = dep.smoke, dep.router["admission"]
-    conc = sm["concurrency"] or (adm["max_concurrent_requests"] if adm["max_concurrent_requests"] > 0 else 4)
-    out = {"lengths": sm["grid"]["lengths"], "depths": sm["grid"]["depths"], "variant": sm["grid"]["variant"],
-           "needles": sm["grid"]["needles"], "concurrency": conc, "min_horizon": sm["min_horizon"],
-           "baseline": sm["bench"]["baseline_tps"], "tolerance": sm["bench"]["tolerance"],
-           "bench_concurrency": sm["bench"]["concurrency"], "bench_requests": sm["bench"]["requests"],
-           "bench_tokens": sm["bench"]["max_new_tokens"], "timeout": float(sm["timeout_s"])}
-    if sm["tokenizer"]:
-        out["tokenizer"] = sm["tokenizer"]
-    return out
+def settings(args: argparse.Namespace) -> dict:
+    """What this run uses: the schema's defaults, then the inventory's pdstack_smoke (-i, or the resolved --vars),
+    then the flags given."""
+    if args.vars and not args.inventory:
+        raise InventoryError(["--vars FILE needs -i/--inventory DIR: the inventory whose variables it holds"])
+    cfg = dict(DEFAULTS)
+    if args.inventory:
+        cfg.update(smoke_settings.from_inventory(args.inventory, args.vars))
+    cfg.update({k: v for k, v in vars(args).items() if k in DEFAULTS and v is not None})
+    return cfg
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = dict(DEFAULTS)
-    if args.inventory:
-        cfg.update(settings_from_inventory(args.inventory))
-    cfg.update({k: v for k, v in vars(args).items() if k in DEFAULTS and v is not None})
+    cfg = settings(args)
     variants = ["single", "multi"] if cfg["variant"] == "both" else [cfg["variant"]]
     try:
         passed, _, text = run_smoke(

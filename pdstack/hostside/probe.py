@@ -44,8 +44,6 @@ from dataclasses import asdict, dataclass, field
 OK, ROUTER_DOWN, ADMISSION, HTTP_ERROR, PREFILL_TRANSFER, DECODE, ABORTED, WRONG_ANSWER = 0, 10, 11, 12, 13, 14, 15, 16
 STAGES = {OK: "ok", ROUTER_DOWN: "router-down", ADMISSION: "admission", HTTP_ERROR: "http-error",
           PREFILL_TRANSFER: "prefill/transfer", DECODE: "decode", ABORTED: "aborted", WRONG_ANSWER: "wrong-answer"}
-# Exit codes after which restarting the servers can help (the watchdog restarts only on these).
-RESTARTABLE = frozenset({PREFILL_TRANSFER, DECODE, ABORTED})
 PROBE_KEY = "pdstack probe"
 
 
@@ -197,7 +195,6 @@ class _Stream:
         self.secret, self.check_answer, self.start = secret, check_answer, start
         self.prefill, self.decode = prefill, decode
         self.tokens, self.ttft, self.last_tok, self.text = 0, None, start, ""
-        self.buf = ""
 
     def deadline(self, now: float, stall_timeout: float, total_timeout: float) -> ProbeResult:
         snap = _worker_snapshot(self.prefill, self.decode)

@@ -6,11 +6,19 @@ A series directory holds a ``series`` file naming one ``*.patch`` per line, in o
 files it touches, so a patch that does not fit fails before site-packages changes at all, then
 applies it for real with GNU ``patch -p1 --forward --batch``. :func:`series_hash` names the series'
 exact content, for image labels.
+
+With ``record=True`` (``--record``; what the prod image does) every file the series touches must first match its
+installed distribution's ``RECORD`` hash, i.e. be the wheel's own bytes (or ours from an earlier run), and after
+applying, those ``RECORD`` lines are rewritten with the patched files' sha256 and size, so ``pip`` and an SBOM see
+exactly what is on disk.
 """
 
 from __future__ import annotations
 
+import base64
+import csv
 import hashlib
+import io
 import re
 import shutil
 import subprocess
@@ -131,18 +139,75 @@ def _apply_all(patches: list[Path], root: Path) -> list[PatchResult]:
     return results
 
 
-def apply_series(series_dir: str | Path, site_packages: str | Path, dry_run: bool = False) -> list[PatchResult]:
+def _record_digest(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def _records(site_packages: Path) -> dict[str, tuple[Path, str]]:
+    """{path relative to site-packages: (its RECORD file, its recorded hash)} over every *.dist-info/RECORD."""
+    out = {}
+    for record in sorted(site_packages.glob("*.dist-info/RECORD")):
+        with record.open(newline="") as f:
+            for row in csv.reader(f):
+                if len(row) >= 2 and row[1]:
+                    out[row[0]] = (record, row[1])
+    return out
+
+
+def check_records(site_packages: Path, files: list[str]) -> None:
+    """Every one of `files` that exists must match its RECORD hash; a PatchError names the first that does not."""
+    records = _records(site_packages)
+    for rel in files:
+        path = site_packages / rel
+        if not path.is_file():
+            continue
+        if rel not in records:
+            raise PatchError(f"{rel} is in no *.dist-info/RECORD under {site_packages}: cannot check it is pristine")
+        record, want = records[rel]
+        have = _record_digest(path.read_bytes())
+        if have != want:
+            raise PatchError(f"{rel} differs from {record.parent.name}/RECORD ({have} != {want}): not the installed "
+                             "wheel's file; reinstall the distribution before patching")
+
+
+def update_records(site_packages: Path, files: list[str]) -> dict[str, str]:
+    """Rewrite the RECORD lines of `files` with their current sha256 and size; {file: new hash}."""
+    records = _records(site_packages)
+    by_record: dict[Path, list[str]] = {}
+    for rel in files:
+        if rel in records and (site_packages / rel).is_file():
+            by_record.setdefault(records[rel][0], []).append(rel)
+    new = {}
+    for record, rels in by_record.items():
+        with record.open(newline="") as f:
+            rows = list(csv.reader(f))
+        for row in rows:
+            if row and row[0] in rels:
+                data = (site_packages / row[0]).read_bytes()
+                row[1:3] = [_record_digest(data), str(len(data))]
+                new[row[0]] = row[1]
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(rows)
+        record.write_text(buf.getvalue())
+    return new
+
+
+def apply_series(series_dir: str | Path, site_packages: str | Path, dry_run: bool = False,
+                 record: bool = False) -> list[PatchResult]:
     """Apply every patch of ``series_dir`` to ``site_packages`` in order, all or none.
 
     The series first runs on a scratch copy of the touched files; a patch that fails there raises
     PatchError (a PdstackError) naming the patch, file and hunk, and nothing in site_packages changes.
     A patch that is already applied (reverses cleanly) is reported, not re-applied. ``dry_run`` stops
-    after the scratch run.
+    after the scratch run. ``record``: check the touched files against RECORD first, update RECORD after.
     """
     site_packages = Path(site_packages)
     if not site_packages.is_dir():
         raise PatchError(f"{site_packages} is not a directory (expected a site-packages holding the package)")
     patches = read_series(series_dir)
+    touched = sorted({rel for patch in patches for rel in _touched_files(patch)})
+    if record:
+        check_records(site_packages, touched)
     with tempfile.TemporaryDirectory(prefix="pdstack-patches-") as tmp:
         scratch = Path(tmp)
         for patch in patches:
@@ -157,7 +222,10 @@ def apply_series(series_dir: str | Path, site_packages: str | Path, dry_run: boo
             raise PatchError(str(exc).replace(str(scratch), str(site_packages))) from None
     if dry_run:
         return [PatchResult(r.name, "would apply" if r.status == "applied" else r.status) for r in checked]
-    return _apply_all(patches, site_packages)
+    results = _apply_all(patches, site_packages)
+    if record:
+        update_records(site_packages, touched)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,14 +237,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("series_dir", type=Path)
     ap.add_argument("site_packages", type=Path, nargs="?", default=Path(sysconfig.get_paths()["purelib"]))
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--record", action="store_true",
+                    help="check touched files against their RECORD hashes first; record the patched hashes after")
     args = ap.parse_args(argv)
     try:
-        results = apply_series(args.series_dir, args.site_packages, dry_run=args.dry_run)
+        results = apply_series(args.series_dir, args.site_packages, dry_run=args.dry_run, record=args.record)
     except PdstackError as exc:
         print(f"error: {exc}")
         return exc.exit_code
     for r in results:
         print(f"{r.status:>15}  {r.name}")
+    if args.record and not args.dry_run:
+        records = _records(args.site_packages)
+        for rel in sorted({rel for p in read_series(args.series_dir) for rel in _touched_files(p)}):
+            if rel in records:
+                print(f"{'recorded':>15}  {rel} {records[rel][1]}")
     print(f"series sha256 {series_hash(args.series_dir)}")
     return 0
 

@@ -74,8 +74,16 @@ def families(url: str) -> dict[str, str]:
 
 
 class PDStack:
-    def __init__(self, prefill: SimProcess, decode: SimProcess, router: RouterProcess):
+    """A sim prefill + decode behind the router. stop() stops the processes the attributes hold when it runs, so a
+    test that replaces one (a restart) hands the new process to the same cleanup."""
+
+    def __init__(self, prefill: SimProcess, decode: SimProcess, router: RouterProcess | None = None):
         self.prefill, self.decode, self.router = prefill, decode, router
+
+    def stop(self) -> None:
+        for p in (self.router, self.decode, self.prefill):
+            if p is not None:
+                p.stop()
 
     def reset_faults(self) -> None:
         for p in (self.prefill, self.decode):
@@ -85,21 +93,20 @@ class PDStack:
 
 
 def start_pd(tmp_path, sim_extra=(), prefill_extra=(), decode_extra=(), router_extra=()) -> tuple[ExitStack, PDStack]:
+    """Start a PDStack; the ExitStack stops it (use `with stack:` right away). A failed start stops what started."""
     stack = ExitStack()
+    s = PDStack(SimProcess("prefill", tmp_path, [*FAST, *sim_extra, *prefill_extra]),
+                SimProcess("decode", tmp_path, [*FAST, *sim_extra, *decode_extra]))
+    stack.callback(s.stop)
     try:
-        p = SimProcess("prefill", tmp_path, [*FAST, *sim_extra, *prefill_extra])
-        stack.callback(p.stop)
-        d = SimProcess("decode", tmp_path, [*FAST, *sim_extra, *decode_extra])
-        stack.callback(d.stop)
-        p.start()
-        d.start()
-        r = RouterProcess([p], [d], tmp_path, [*ROUTER_FAST, *router_extra])
-        stack.callback(r.stop)
-        r.start()
+        s.prefill.start()
+        s.decode.start()
+        s.router = RouterProcess([s.prefill], [s.decode], tmp_path, [*ROUTER_FAST, *router_extra])
+        s.router.start()
     except BaseException:
         stack.close()
         raise
-    return stack, PDStack(p, d, r)
+    return stack, s
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,6 @@ class Room:
     status: str = "pending"  # pending | ready | failed
     payload: dict | None = None
     message: str = ""
-    handshake_time: float | None = None
 
     def succeed(self, payload: dict) -> None:
         self.status, self.payload = "ready", payload
@@ -82,7 +81,6 @@ def make_bootstrap_app(registry: RoomRegistry, fail_bootstrap: callable) -> web.
             registry.get(room).fail("bootstrap refused (sim fault fail_bootstrap)")
             return web.json_response({"error": "bootstrap refused (sim fault fail_bootstrap)"}, status=503)
         r = registry.get(room)
-        r.handshake_time = time.monotonic()
         r.handshake.set()
         return web.json_response({"ok": True, "room": room})
 

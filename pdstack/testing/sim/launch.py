@@ -1,7 +1,7 @@
 """Start and stop TEST ENGINE processes (and the real sglang-router in front of them) on 127.0.0.1.
 
-Used by tests/sim and the local demo. Every process gets bounded start and stop timeouts and is killed
-(process group) on exit, whatever happens.
+Used by the tests (tests/sim, the smoke tools, the watchdog). Every process gets bounded start and stop timeouts and
+is killed (process group) on exit, whatever happens: use it as a context manager, or stop() it in a finally.
 """
 
 from __future__ import annotations
@@ -52,16 +52,25 @@ def http_post_json(url: str, body: dict, timeout: float = 10.0) -> tuple[int, di
 
 
 class ManagedProcess:
-    """A child process in its own process group, with its output in a log file."""
+    """A child process in its own process group, with its output in a log file. A context manager: leaving the
+    `with` block stops it, however the block ends."""
 
     def __init__(self, name: str, argv: list[str], log_path: Path, env: dict | None = None):
         self.name, self.argv, self.log_path = name, argv, Path(log_path)
         self.env = env
         self.proc: subprocess.Popen | None = None
         self._log = None
+        self._stopped = False
+
+    def __enter__(self) -> ManagedProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def start(self) -> ManagedProcess:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
+        self._stopped = False
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True, env=self.env)
         return self
@@ -93,9 +102,11 @@ class ManagedProcess:
         raise PdstackError(f"{self.name} not ready at {url} after {timeout:g}s (last: {last}):\n{self.log_tail()}")
 
     def stop(self, timeout: float = 5.0) -> int | None:
-        """SIGTERM the process group, SIGKILL it after `timeout`; returns the exit code."""
-        if self.proc is None:
-            return None
+        """SIGTERM the process group, SIGKILL it after `timeout`; returns the exit code. A second call does nothing
+        (the group's id may belong to someone else by then)."""
+        if self.proc is None or self._stopped:
+            return None if self.proc is None else self.proc.returncode
+        self._stopped = True
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
@@ -113,8 +124,32 @@ class ManagedProcess:
         return self.proc.returncode
 
 
-class SimProcess(ManagedProcess):
+class ServerProcess(ManagedProcess):
+    """A ManagedProcess serving HTTP on 127.0.0.1:`port`. start() returns once GET `ready_path` answers 200; when it
+    does not (exit, timeout), start() stops the process before it raises."""
+
+    ready_path = "/"
+    ready_timeout_s = 20.0
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOCALHOST}:{self.port}"
+
+    def start(self, timeout: float | None = None) -> ServerProcess:
+        super().start()
+        try:
+            self.wait_http(self.url + self.ready_path, self.ready_timeout_s if timeout is None else timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+
+class SimProcess(ServerProcess):
     """One `pdstack sim` process. role: prefill | decode | mono."""
+
+    ready_path = "/server_info"
 
     def __init__(self, role: str, log_dir: Path, extra: list[str] | None = None, port: int | None = None,
                  bootstrap_port: int | None = None):
@@ -132,15 +167,6 @@ class SimProcess(ManagedProcess):
             log = log.with_name(log.stem + "+.log")
         super().__init__(f"sim {role}:{self.port}", argv, log)
 
-    @property
-    def url(self) -> str:
-        return f"http://{LOCALHOST}:{self.port}"
-
-    def start(self, timeout: float = 20.0) -> SimProcess:
-        super().start()
-        self.wait_http(self.url + "/server_info", timeout)
-        return self
-
     def fault(self, **changes) -> dict:
         status, body = http_post_json(self.url + "/_sim/fault", changes)
         if status != 200:
@@ -148,8 +174,11 @@ class SimProcess(ManagedProcess):
         return body
 
 
-class RouterProcess(ManagedProcess):
+class RouterProcess(ServerProcess):
     """The real sglang-router (Rust) in PD mode in front of sim workers."""
+
+    ready_path = "/readiness"  # 200 once healthy workers are registered
+    ready_timeout_s = 30.0
 
     def __init__(self, prefills: list[SimProcess], decodes: list[SimProcess], log_dir: Path,
                  extra: list[str] | None = None, port: int | None = None, metrics_port: int | None = None):
@@ -165,16 +194,6 @@ class RouterProcess(ManagedProcess):
         while log.exists():  # a restart on the same port keeps the earlier log
             log = log.with_name(log.stem + "+.log")
         super().__init__(f"router:{self.port}", argv, log)
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOCALHOST}:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> RouterProcess:
-        super().start()
-        # /readiness answers 200 once healthy workers are registered
-        self.wait_http(self.url + "/readiness", timeout)
-        return self
 
 
 class FrontDoorProcess(ManagedProcess):
@@ -219,15 +238,20 @@ class FrontDoorProcess(ManagedProcess):
         return f"http://{LOCALHOST}:{self.metrics_port}/metrics"
 
     def start(self, timeout: float = 10.0) -> FrontDoorProcess:
+        """Returns once HAProxy answers and counts the router as UP; stops it before raising otherwise."""
         super().start()
-        self.wait_http(f"http://{LOCALHOST}:{self.metrics_port}/health", timeout)
-        # the router is a server HAProxy health-checks (rise 1, every 2 s): wait until it is up
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.metric("haproxy_server_status", proxy="pdstack_router", state="UP") == 1:
-                return self
-            time.sleep(0.1)
-        raise PdstackError(f"{self.name}: the router never came up as a server:\n{self.log_tail()}")
+        try:
+            self.wait_http(f"http://{LOCALHOST}:{self.metrics_port}/health", timeout)
+            # the router is a server HAProxy health-checks (rise 1, every 2 s): wait until it is up
+            deadline = time.monotonic() + timeout
+            while self.metric("haproxy_server_status", proxy="pdstack_router", state="UP") != 1:
+                if time.monotonic() > deadline:
+                    raise PdstackError(f"{self.name}: the router never came up as a server:\n{self.log_tail()}")
+                time.sleep(0.1)
+        except BaseException:
+            self.stop()
+            raise
+        return self
 
     def metric(self, name: str, **labels) -> float | None:
         """One sample of HAProxy's Prometheus exporter (summed over the samples matching `labels`)."""

@@ -1,0 +1,65 @@
+"""The settings of the smoke tools (`pdstack smoke`, `recall`, `bench`), read from `pdstack_smoke`.
+
+One source of defaults: the inventory schema (inventory.SMOKE). `DEFAULTS` are the settings of an inventory that sets
+no `pdstack_smoke` at all; the three CLIs take their argparse defaults from it, and `pdstack smoke -i` from the
+inventory (`--vars`: from the variables Ansible resolved, extra vars included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import Any
+
+from pdstack.controller import inventory
+from pdstack.errors import InventoryError
+from pdstack.testing.sim.vocab import TOKENIZER_DIR as SIM_TOKENIZER  # the default: the sim test engine's tokenizer
+
+# recall requests in flight when the router's admission control is off (max_concurrent_requests -1)
+CONCURRENCY_WITHOUT_ADMISSION = 4
+
+
+def settings(smoke: dict[str, Any], admission: dict[str, Any]) -> dict[str, Any]:
+    """A defaults-filled pdstack_smoke (and the router's admission) as flat settings of the smoke tools."""
+    grid, bench = smoke["grid"], smoke["bench"]
+    limit = admission["max_concurrent_requests"]
+    return {"lengths": list(grid["lengths"]), "depths": list(grid["depths"]),
+            "tokenizer": smoke["tokenizer"] or str(SIM_TOKENIZER), "variant": grid["variant"],
+            "needles": grid["needles"],
+            "concurrency": smoke["concurrency"] or (limit if limit > 0 else CONCURRENCY_WITHOUT_ADMISSION),
+            "min_horizon": smoke["min_horizon"], "timeout": float(smoke["timeout_s"]),
+            "baseline": bench["baseline_tps"], "tolerance": bench["tolerance"],
+            "bench_concurrency": list(bench["concurrency"]), "bench_requests": bench["requests"],
+            "bench_tokens": bench["max_new_tokens"]}
+
+
+def _schema_defaults(schema) -> dict[str, Any]:
+    problems: list[str] = []
+    out = schema.validate({}, schema.name, problems)
+    if problems:  # a schema field without a default: a programming error, not a user's
+        raise InventoryError(problems)
+    return out
+
+
+DEFAULTS = settings(_schema_defaults(inventory.SMOKE), _schema_defaults(inventory.ADMISSION))
+
+
+def from_inventory(source: str | os.PathLike, resolved: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The settings of inventory `source`; with `resolved` (the preflight role's inventory.json) those variables."""
+    dep = inventory.load(source, resolved)
+    return settings(dep.smoke, dep.router["admission"])
+
+
+
+def list_type(convert: Callable[[str], Any], valid: Callable[[Any], bool], what: str) -> Callable[[str], list]:
+    """An argparse type for a list given as `1,2,4` or `1 2 4`: items converted, sorted, no repeats, all valid."""
+    def parse(text: str) -> list:
+        try:
+            out = sorted({convert(part) for part in text.replace(",", " ").split()})
+        except ValueError:
+            out = []
+        if not out or not all(valid(v) for v in out):
+            raise argparse.ArgumentTypeError(f"{text!r}: {what}")
+        return out
+    return parse
