@@ -24,8 +24,9 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 apt_packages() {
   # debootstrap: the local test hosts' base; docker.io: the engine for builds and test hosts;
   # prometheus: promtool for rule/config tests; haproxy: the front door's loopback tests (haproxy -c, real admission);
+  # nftables: `nft -c` of the host firewall's script;
   # iproute2/numactl: host facts; python3-venv: the venv.
-  local want=(python3 python3-venv python3-dev gcc git patch debootstrap docker.io prometheus prometheus-node-exporter haproxy iproute2 numactl curl ca-certificates rsync)
+  local want=(python3 python3-venv python3-dev gcc git patch debootstrap docker.io prometheus prometheus-node-exporter haproxy nftables iproute2 numactl curl ca-certificates rsync)
   local missing=()
   for p in "${want[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
   if [ ${#missing[@]} -gt 0 ]; then
