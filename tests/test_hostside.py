@@ -21,7 +21,7 @@ SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
 # Which pdstack files each rule allows (the package root and errors.py are stdlib-only and shared).
 ALLOWED = {
     "hostside": {"pdstack/__init__.py", "pdstack/hostside/__init__.py", "pdstack/hostside/facts.py",
-                 "pdstack/hostside/probe.py", "pdstack/hostside/watchdog.py"},
+                 "pdstack/hostside/probe.py", "pdstack/hostside/watchdog.py", "pdstack/hostside/restart_unit.py"},
     "image": {"pdstack/__init__.py", "pdstack/errors.py", "pdstack/image/__init__.py", "pdstack/image/patches.py"},
 }
 
@@ -69,7 +69,9 @@ def test_every_hostside_module_is_installed_by_its_role():
     shipped = (ROOT / "roles" / "watchdog" / "tasks" / "install.yml").read_text()
     for mod in ("probe", "watchdog"):
         assert f"hostside/{mod}.py" in shipped
+    # roles/watchdog_access copies restart_unit (the forced command of the watchdog's key on serving hosts)
+    assert "pdstack/hostside/restart_unit.py" in (ROOT / "roles/watchdog_access/tasks/authorize.yml").read_text()
     fact = ROOT / "roles" / "facts" / "files" / "pdstack.fact"
     assert fact.resolve() == (ROOT / "pdstack" / "hostside" / "facts.py").resolve()
-    assert {p.name for p in (ROOT / "pdstack" / "hostside").glob("*.py")} == {"__init__.py", "facts.py", "probe.py",
-                                                                               "watchdog.py"}, sys.version
+    hostside = {"__init__.py", "facts.py", "probe.py", "watchdog.py", "restart_unit.py"}
+    assert {p.name for p in (ROOT / "pdstack" / "hostside").glob("*.py")} == hostside, sys.version

@@ -53,8 +53,9 @@ def test_every_alert_is_tested_firing_and_quiet():
 
 def test_alerts_named_in_the_issue_exist():
     assert set(_alerts()) >= {
-        "PdstackDecodeWedged", "PdstackKVTransferFailures", "PdstackBootstrapFailures", "PdstackRouterQueueNearFull",
-        "PdstackRouterRefusingRequests", "PdstackTTFTOverBudget", "PdstackITLOverBudget", "PdstackWorkerUnhealthy",
+        "PdstackDecodeWedged", "PdstackKVTransferFailures", "PdstackBootstrapFailures", "PdstackFrontDoorQueueNearFull",
+        "PdstackFrontDoorRefusingRequests", "PdstackFrontDoorRouterDown", "PdstackTTFTOverBudget",
+        "PdstackITLOverBudget", "PdstackWorkerUnhealthy",
         "PdstackWorkerCircuitOpen", "PdstackHiCacheHostNearCapacity", "PdstackNumaNodeMemoryHigh",
         "PdstackGPUTemperatureHigh", "PdstackGPUXidError", "PdstackTargetDown"}
 
@@ -112,7 +113,7 @@ def test_prometheus_config_from_the_production_plan(tmp_path):
     plan = _plan("inventory/production", "reference-2node-8gpu.json")
     cfg = scrape.prometheus_config(plan)
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
-    assert set(jobs) == {"prometheus", "sglang", "sglang-router", "node", "dcgm"}
+    assert set(jobs) == {"prometheus", "sglang", "sglang-router", "haproxy", "node", "dcgm"}
     servers = {sc["labels"]["server"]: sc for sc in jobs["sglang"]["static_configs"]}
     assert set(servers) == {s["name"] for s in plan["servers"]}
     for s in plan["servers"]:
@@ -120,6 +121,7 @@ def test_prometheus_config_from_the_production_plan(tmp_path):
         assert servers[s["name"]]["labels"]["role"] == s["role"]
     r = plan["router"]
     assert jobs["sglang-router"]["static_configs"][0]["targets"] == [f"{r['address']}:{r['prometheus_port']}"]
+    assert jobs["haproxy"]["static_configs"][0]["targets"] == [f"{r['address']}:{r['frontdoor']['metrics_port']}"]
     assert len(jobs["dcgm"]["static_configs"]) == len({s["host"] for s in plan["servers"]})
     f = tmp_path / "prometheus.yml"
     f.write_text(yaml.safe_dump(cfg))
@@ -146,8 +148,6 @@ def test_textfile_metrics():
     for s in plan["servers"]:
         if s["host"] == host:
             assert budgets[s["name"]] == (s["hicache"]["host_budget_gb"] * 2**30 if s["hicache"]["enabled"] else 0)
-    argv = plan["router"]["flags"]
-    assert fams["pdstack_router_queue_size"].samples[0].value == float(argv[argv.index("--queue-size") + 1])
-    assert fams["pdstack_router_max_concurrent_requests"].samples[0].value == float(
-        argv[argv.index("--max-concurrent-requests") + 1])
+    # admission limits are HAProxy's own gauges now (haproxy_server_limit_sessions / queue_limit), not textfile ones
+    assert not any(name.startswith("pdstack_router_") for name in fams)
 

@@ -1,10 +1,11 @@
 """Every dashboard query returns series from a real Prometheus (slow; CI runs it).
 
 Prometheus 2.42 (Debian) scrapes, every second, with the scrape config pdstack.controller.monitoring generates: a sim
-prefill and a sim decode (the TEST ENGINE, SGLang's metric names), the real sglang-router 0.3.2 in front of them (with
-admission limits small enough that a burst gets 408/429), node_exporter 1.5 (NUMA meminfo + pdstack's textfile
-metrics), and a static server that replays the recorded dcgm-exporter sample (monitoring/recorded/; written by hand,
-no GPU here). It loads monitoring/rules/pdstack.rules.yml, so the dashboards' recording rules are evaluated too.
+prefill and a sim decode (the TEST ENGINE, SGLang's metric names), the real sglang-router 0.3.2 in front of them, the
+front door (the real HAProxy and its Prometheus exporter; admission limits small enough that a burst gets 429/503),
+node_exporter 1.5 (NUMA meminfo + pdstack's textfile metrics), and a static server that replays the recorded
+dcgm-exporter sample (monitoring/recorded/; written by hand, no GPU here). It loads monitoring/rules/pdstack.rules.yml,
+so the dashboards' recording rules are evaluated too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ import yaml
 
 from pdstack.controller.monitoring import dashboards, queries, scrape
 from pdstack.hostside import facts as host_facts
-from pdstack.testing.sim.launch import LOCALHOST, ManagedProcess, RouterProcess, SimProcess, free_port, http_post_json
+from pdstack.testing.sim.launch import (
+    LOCALHOST,
+    FrontDoorProcess,
+    ManagedProcess,
+    RouterProcess,
+    SimProcess,
+    free_port,
+    http_post_json,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "monitoring" / "rules" / "pdstack.rules.yml"
@@ -32,18 +41,18 @@ PROMETHEUS = shutil.which("prometheus")
 HOST = "testhost"
 FAST = ["--prefill-tokens-per-s", "1000000", "--decode-tokens-per-s", "2000", "--bootstrap-timeout-s", "2",
         "--enable-hierarchical-cache", "--hicache-ratio", "2"]
-# admission: one request at a time, a queue of 2 that times out after 1 s -> a burst gets 408/429
-ADMISSION = ["--max-concurrent-requests", "1", "--queue-size", "2", "--queue-timeout-secs", "1"]
+# front door admission: one request at a time, a queue of 2 that times out after 1 s -> a burst gets 429/503
+ADMISSION = {"max_concurrent_requests": 1, "queue_size": 2, "queue_timeout_secs": 1}
 ROUTER_FAST = ["--request-timeout-secs", "5", "--retry-max-retries", "2", "--retry-initial-backoff-ms", "10",
                "--retry-max-backoff-ms", "50", "--worker-startup-timeout-secs", "20",
-               "--worker-startup-check-interval", "1", *ADMISSION]
+               "--worker-startup-check-interval", "1", "--max-concurrent-requests", "-1"]
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not (NODE_EXPORTER and PROMETHEUS),
                                  reason="needs Debian's prometheus and prometheus-node-exporter (./dev.sh setup)")]
 
 
-def test_plan(prefill: SimProcess, decode: SimProcess, router: RouterProcess) -> dict:
+def test_plan(prefill: SimProcess, decode: SimProcess, router: RouterProcess, fd: FrontDoorProcess) -> dict:
     """A plan (the planner's shape, the fields monitoring reads) for the processes of this test."""
     def server(p: SimProcess, name: str, node: int) -> dict:
         return {"host": HOST, "address": LOCALHOST, "name": name, "role": p.role, "numa_node": node, "gpus": [node],
@@ -52,8 +61,7 @@ def test_plan(prefill: SimProcess, decode: SimProcess, router: RouterProcess) ->
     return {"inventory": "tests/test_monitoring_queries", "engine": "sim",
             "servers": [server(prefill, "prefill-0", 0), server(decode, "decode-0", 0)],
             "router": {"host": HOST, "address": LOCALHOST, "prometheus_port": router.metrics_port,
-                       "flags": ["--pd-disaggregation", *ADMISSION],
-                       "admission": {"max_concurrent_requests": 1, "queue_size": 2, "queue_timeout_secs": 1}},
+                       "flags": ["--pd-disaggregation"], "admission": dict(ADMISSION), "frontdoor": {**fd.fd}},
             "monitoring_hosts": [HOST]}
 
 
@@ -79,7 +87,8 @@ def serve_file(path: Path) -> tuple[http.server.ThreadingHTTPServer, int]:
     return srv, srv.server_address[1]
 
 
-def generate(router: RouterProcess, n: int, text: str = "Tell me about the weather", tokens: int = 16) -> list[int]:
+def generate(router: RouterProcess | FrontDoorProcess, n: int, text: str = "Tell me about the weather",
+             tokens: int = 16) -> list[int]:
     codes = []
     for _ in range(n):
         status, _ = http_post_json(router.url + "/generate",
@@ -88,7 +97,7 @@ def generate(router: RouterProcess, n: int, text: str = "Tell me about the weath
     return codes
 
 
-def burst(router: RouterProcess, n: int) -> list[int]:
+def burst(router: FrontDoorProcess, n: int) -> list[int]:
     out: list[int] = []
     ths = [threading.Thread(target=lambda: out.extend(generate(router, 1, tokens=4))) for _ in range(n)]
     for t in ths:
@@ -111,7 +120,10 @@ def stack(tmp_path_factory):
         router = RouterProcess([prefill], [decode], tmp, ROUTER_FAST)
         es.callback(router.stop)
         router.start()
-        plan = test_plan(prefill, decode, router)
+        fd = FrontDoorProcess(router, tmp, **ADMISSION)
+        es.callback(fd.stop)
+        fd.start()
+        plan = test_plan(prefill, decode, router, fd)
 
         textfile = tmp / "textfile"
         textfile.mkdir()
@@ -141,13 +153,14 @@ def stack(tmp_path_factory):
         prom.wait_http(url + "/-/ready", 30)
 
         # traffic: successes (counters, histograms, KV transfers), then a burst against a slow prefill so the
-        # router's admission answers 408/429, then successes again so every rate window holds samples
-        assert set(generate(router, 3)) == {200}
+        # front door answers 429 (queue full) and 503 (queue timeout), then successes again so every rate window
+        # holds samples
+        assert set(generate(fd, 3)) == {200}
         prefill.fault(slow_prefill_s=0.7)
-        refused = burst(router, 6)
+        refused = burst(fd, 6)
         prefill.fault(slow_prefill_s=None)
-        assert {408, 429} & set(refused), refused
-        yield {"prometheus": url, "router": router, "refused": refused}
+        assert {429, 503} <= set(refused), refused
+        yield {"prometheus": url, "router": fd, "refused": refused}
 
 
 def _wait_all_series(prometheus: str, qs: list[queries.Query], timeout: float) -> list[queries.Query]:
@@ -161,7 +174,7 @@ def _wait_all_series(prometheus: str, qs: list[queries.Query], timeout: float) -
 
 
 def test_every_target_is_up(stack):
-    expected = {"prometheus", "sglang", "sglang-router", "node", "dcgm"}
+    expected = {"prometheus", "sglang", "sglang-router", "haproxy", "node", "dcgm"}
     deadline = time.monotonic() + 20
     while True:
         up = {(r["metric"]["job"], r["metric"]["instance"]): r["value"][1]

@@ -63,19 +63,52 @@ def test_argv_is_launcher_plus_flags_and_roles_differ():
     assert pre.env["SGLANG_HEALTH_CHECK_TIMEOUT"] == "20"
 
 
-def test_router_argv_lists_every_worker_with_admission_control():
+def test_router_argv_lists_every_worker_behind_the_front_door():
     r = prod_plan().router
     a = r.argv
     assert a[:3] == ["python3", "-m", "sglang_router.launch_router"]
     assert a[a.index("--prefill") + 1: a.index("--prefill") + 3] == ["http://192.0.2.10:30000", "8998"]
     assert a[a.index("--decode") + 1] == "http://192.0.2.10:30001"
-    assert a[a.index("--max-concurrent-requests") + 1] == "32"
-    assert a[a.index("--queue-size") + 1] == "64"
+    # the router's own limiter is off (a token bucket in 0.3.2, FACTS.md): admission is the front door's
+    assert a[a.index("--max-concurrent-requests") + 1] == "-1"
+    assert "--queue-size" not in a and "--queue-timeout-secs" not in a
     from sglang_router.launch_router import parse_router_args
     parsed = parse_router_args(r.flags)
     assert parsed.prefill_urls == [("http://192.0.2.10:30000", 8998)]
     assert parsed.decode_urls == ["http://192.0.2.10:30001"]
-    assert parsed.queue_timeout_secs == 30
+    # on loopback behind the front door, which has the public port
+    assert (parsed.host, parsed.port) == ("127.0.0.1", 8001) and r.internal_url == "http://127.0.0.1:8001"
+    assert r.url == "http://192.0.2.10:8000"
+    assert parsed.max_concurrent_requests == -1
+    # failure behaviour chosen (README "Failure behaviour"): breaker retries after 10 s, drain and stop agree
+    assert parsed.cb_timeout_duration_secs == 10
+    assert parsed.shutdown_grace_period_secs == 120 and r.stop_timeout_secs == 130
+    fd = r.frontdoor
+    assert (fd["port"], fd["backend_address"], fd["backend_port"]) == (8000, "127.0.0.1", 8001)
+    assert (fd["max_concurrent_requests"], fd["queue_size"], fd["queue_timeout_secs"]) == (32, 64, 30)
+    assert fd["idle_timeout_secs"] > parsed.request_timeout_secs
+
+
+def test_front_door_config_from_the_plan_passes_haproxy_check(tmp_path: Path):
+    """The rendered haproxy.cfg is accepted by the real haproxy (`haproxy -c`, what the role's validate: runs)."""
+    import subprocess
+
+    from pdstack.controller import frontdoor
+
+    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    if not Path(haproxy).exists():
+        pytest.fail("haproxy is not installed: apt-get install haproxy (./dev.sh setup does)")
+    fd = prod_plan().router.frontdoor
+    for key_file in (None, str(tmp_path / "keys")):
+        (tmp_path / "keys").write_text("Bearer not-a-secret\n")
+        cfg = frontdoor.haproxy_config(fd, api_key_file=key_file, stats_socket=None)
+        assert "maxconn 32 " in cfg and "queue(pdstack_router) ge 64" in cfg and "timeout queue 30s" in cfg
+        assert ("-f " + str(key_file) in cfg) == (key_file is not None)
+        (tmp_path / "haproxy.cfg").write_text(cfg)
+        r = subprocess.run([haproxy, "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True)
+        assert r.returncode == 0 and "ALERT" not in r.stdout + r.stderr, r.stdout + r.stderr
+    off = frontdoor.haproxy_config({**fd, "max_concurrent_requests": -1}, stats_socket=None)
+    assert "maxconn 32" not in off and "pdstack_refuse" not in off
 
 
 def test_index_k_fp8_drops_the_patch_switch(tmp_path: Path):
@@ -127,7 +160,8 @@ def test_every_flag_the_planner_can_render_is_spelled_exactly_as_sglang_parses_i
             "--disaggregation-bootstrap-port"} <= rendered
     router_opts = {o for a in flags.router_parser()._actions for o in a.option_strings}
     assert router_rendered <= router_opts, router_rendered - router_opts
-    assert {"--prefill-policy", "--decode-policy", "--queue-size"} <= router_rendered
+    assert {"--prefill-policy", "--decode-policy", "--cb-timeout-duration-secs",
+            "--shutdown-grace-period-secs"} <= router_rendered
 
 
 @pytest.mark.parametrize("argv", [["--tp", "4"], ["--cuda-graph-max-bs", "8"], ["--mem-frac", "0.8"]])

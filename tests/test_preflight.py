@@ -678,7 +678,9 @@ def test_listeners_cover_every_service_of_the_deployment(inv: Path):
     assert {"node_exporter": 9100, "Prometheus": 9090, "Grafana": 3000, "dcgm-exporter": 9400}.items() <= \
         by_what.items()
     assert by_what["sshd (Ansible reaches the host there)"] == 22
-    assert by_what["sglang-router's HTTP port"] == 8000 and by_what["sglang-router's metrics"] == 29000
+    assert by_what["the front door (HAProxy, the public port)"] == 8000
+    assert by_what["sglang-router's HTTP port (on 127.0.0.1, behind the front door)"] == 8001
+    assert by_what["sglang-router's metrics"] == 29000 and by_what["the front door's Prometheus exporter"] == 8404
 
 
 # ------------------------------------------------------------------------------ fuzz: wrong types everywhere

@@ -86,6 +86,26 @@ def test_admission_refusal_is_not_a_failure_of_the_servers(stack):
         hog.join(20)
 
 
+def test_front_door_refusals_are_admission_too(stack, tmp_path):
+    """Through the real HAProxy front door: 503 + Retry-After after its queue timeout is busy, not broken."""
+    from pdstack.testing.sim.launch import FrontDoorProcess
+
+    fd = FrontDoorProcess(stack.router, tmp_path, max_concurrent_requests=1, queue_size=1, queue_timeout_secs=1)
+    try:
+        fd.start()
+        stack.prefill.fault(slow_prefill_s=4)
+        hog = threading.Thread(target=post, args=(fd.url + "/generate", {"text": "hold the only slot"}, 20))
+        hog.start()
+        import time
+        time.sleep(0.5)
+        r = probe.probe(fd.url, **FAST_PROBE)  # waits in the queue, then 503 + Retry-After
+        assert r.code == probe.ADMISSION and r.http_status == 503, r
+    finally:
+        stack.reset_faults()
+        hog.join(20)
+        fd.stop()
+
+
 def test_router_down():
     r = probe.probe(f"http://127.0.0.1:{free_port()}", **FAST_PROBE)
     assert r.code == probe.ROUTER_DOWN

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -196,7 +197,7 @@ def test_role_template_renders_a_valid_config(tmp_path):
     env = jinja2.Environment(extensions=["jinja2.ext.do"])
     env.filters["to_json"] = json.dumps
     tpl = env.from_string((root / "roles/watchdog/templates/etc/pdstack/watchdog.json.j2").read_text())
-    plan = {"router": {"port": 8000}, "servers": [
+    plan = {"router": {"port": 8000, "internal_url": "http://127.0.0.1:8001"}, "servers": [
         {"name": "prefill-0", "role": "prefill", "url": "http://10.0.0.2:30000", "host": "gpu02",
          "address": "10.0.0.2", "unit": "pdstack-server-prefill-0.service"},
         {"name": "decode-0", "role": "decode", "url": "http://10.0.0.1:30001", "host": "gpu01",
@@ -206,11 +207,61 @@ def test_role_template_renders_a_valid_config(tmp_path):
                       watchdog_ready_timeout_s=1800,
                       watchdog_probe_first_token_timeout_s=60, watchdog_probe_stall_timeout_s=15,
                       watchdog_probe_timeout_s=120, watchdog_state_dir="/var/lib/pdstack",
-                      watchdog_textfile_dir="/var/lib/prometheus/node-exporter")
+                      watchdog_textfile_dir="/var/lib/prometheus/node-exporter",
+                      watchdog_ssh_key="/root/.ssh/pdstack_watchdog",
+                      watchdog_ssh_known_hosts="/etc/pdstack/watchdog_known_hosts")
     cfg = W.Config.from_dict(json.loads(text))
-    assert cfg.router_url == "http://127.0.0.1:8000" and cfg.failures_before_restart == 3
+    # the router itself, past the front door: a probe must not be refused by admission when a wedge holds every slot
+    assert cfg.router_url == "http://127.0.0.1:8001" and cfg.failures_before_restart == 3
     by = {s.name: s for s in cfg.servers}
     assert by["decode-0"].restart_argv is None
-    assert by["prefill-0"].restart_argv[-3:] == ["systemctl", "restart", "pdstack-server-prefill-0.service"]
+    # the other host: ssh with the watchdog's own key and strict host keys; its forced command reads "restart UNIT"
+    argv = by["prefill-0"].restart_argv
+    assert argv[:3] == ["ssh", "-i", "/root/.ssh/pdstack_watchdog"] and "StrictHostKeyChecking=yes" in argv
+    assert "UserKnownHostsFile=/etc/pdstack/watchdog_known_hosts" in argv
+    assert argv[-3:] == ["root@10.0.0.2", "restart", "pdstack-server-prefill-0.service"]
     svc = W.Systemctl(systemctl="/bin/true", argv_by_unit={"u": ["/bin/false"]})
     assert svc.restart("other")[0] and not svc.restart("u")[0]
+
+
+def test_worst_case_wedge_to_restart_bound():
+    """README "Failure behaviour" states these: production defaults 385 s; the test layouts 40 s."""
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    d = yaml.safe_load((root / "roles/watchdog/defaults/main.yml").read_text())
+    prod = W.worst_case_restart_s(interval_s=d["watchdog_interval_s"],
+                                  failures_before_restart=d["watchdog_failures_before_restart"],
+                                  first_token_timeout_s=d["watchdog_probe_first_token_timeout_s"],
+                                  stall_timeout_s=d["watchdog_probe_stall_timeout_s"], servers=2)
+    assert prod == 3 * (60 + 5 + 60) + 2 * 5 == 385
+    t = yaml.safe_load((root / "inventory/test/common/group_vars/all/watchdog.yml").read_text())
+    test = W.worst_case_restart_s(interval_s=t["watchdog_interval_s"],
+                                  failures_before_restart=t["watchdog_failures_before_restart"],
+                                  first_token_timeout_s=t["watchdog_probe_first_token_timeout_s"],
+                                  stall_timeout_s=t["watchdog_probe_stall_timeout_s"], servers=2)
+    assert test == 2 * (5 + 5 + 5) + 2 * 5 == 40
+
+
+def test_restart_unit_forced_command_accepts_only_this_hosts_server_units(tmp_path):
+    """pdstack/hostside/restart_unit.py: the only thing the watchdog's key may run on a serving host."""
+    from pdstack.hostside import restart_unit as R
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"servers": [{"unit": "pdstack-server-decode-0.service"}]}))
+    log = tmp_path / "calls"
+    fake = tmp_path / "systemctl"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n")
+    fake.chmod(0o755)
+
+    def run(cmd: str) -> int:
+        return R.main({"SSH_ORIGINAL_COMMAND": cmd}, plan_path=str(plan), systemctl=str(fake))
+
+    assert run("restart pdstack-server-decode-0.service") == 0
+    assert log.read_text() == "restart pdstack-server-decode-0.service\n"
+    for bad in ("", "bash", "restart pdstack-server-prefill-0.service", "stop pdstack-server-decode-0.service",
+                "restart pdstack-server-decode-0.service; rm -rf /", "restart sshd.service",
+                "restart pdstack-server-decode-0.service extra", "restart ../pdstack-server-decode-0.service"):
+        assert run(bad) == 2, bad
+    assert log.read_text() == "restart pdstack-server-decode-0.service\n"  # nothing else ran
+    assert R.allowed_units(str(tmp_path / "missing.json")) == set()

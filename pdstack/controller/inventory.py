@@ -166,12 +166,27 @@ SERVER = Schema("server", {
 })
 
 ADMISSION = Schema("admission", {
-    "max_concurrent_requests": Field((int,), "requests the router forwards at once; -1 turns admission control off "
-                                     "(--max-concurrent-requests)", default=-1),
-    "queue_size": Field((int,), "requests that wait at the router when all slots are busy; beyond it: 429 "
-                        "(--queue-size)", default=100),
-    "queue_timeout_secs": Field((int,), "seconds a request may wait in the router queue; then 408 "
-                                "(--queue-timeout-secs)", default=60, check=_positive),
+    "max_concurrent_requests": Field((int,), "requests the front door (HAProxy) lets through to the router at once "
+                                     "(its server maxconn); -1 turns admission control off", default=-1),
+    "queue_size": Field((int,), "requests that wait in the front door when every slot is busy, served in order as "
+                        "slots free; beyond it: 429 + Retry-After at once", default=100),
+    "queue_timeout_secs": Field((int,), "seconds a request may wait in the front door's queue; then 503 + "
+                                "Retry-After (HAProxy timeout queue)", default=60, check=_positive),
+})
+
+FRONTDOOR = Schema("frontdoor", {
+    "bind": Field((str,), "address the front door (HAProxy) listens on, port pdstack_router.port", default="0.0.0.0"),
+    "metrics_port": Field((int,), "port of HAProxy's Prometheus exporter (/metrics)", default=8404, check=_port),
+    "retry_after_secs": Field((int,), "Retry-After seconds on the front door's 429 and 503 answers", default=2,
+                              check=_positive),
+})
+
+CIRCUIT_BREAKER = Schema("circuit_breaker", {
+    "timeout_secs": Field((int,), "seconds an open circuit stays open before the router tries the worker again "
+                          "(--cb-timeout-duration-secs; 0.3.2 opens it on prefill AND decode when one fails)",
+                          default=10, check=_positive),
+    "failure_threshold": Field((int,), "failures in the window that open a worker's circuit (--cb-failure-threshold)",
+                               default=10, check=_positive),
 })
 
 RETRIES = Schema("retries", {
@@ -191,7 +206,10 @@ HEALTH = Schema("health_check", {
 })
 
 ROUTER = Schema("pdstack_router", {
-    "port": Field((int,), "router HTTP port clients use", default=8000, check=_port),
+    "port": Field((int,), "the deployment's public port: the front door (HAProxy) listens here", default=8000,
+                  check=_port),
+    "internal_port": Field((int,), "port sglang-router listens on, on 127.0.0.1 behind the front door", default=8001,
+                           check=_port),
     "prometheus_port": Field((int,), "router metrics port (--prometheus-port; smg_ metrics)", default=29000,
                              check=_port),
     "policy": Field((str,), "load-balancing policy (--policy)", default="round_robin", choices=ROUTER_POLICIES),
@@ -199,8 +217,14 @@ ROUTER = Schema("pdstack_router", {
                             choices=PREFILL_POLICIES),
     "decode_policy": Field((str,), "policy for decode workers (--decode-policy)", default=None,
                            choices=ROUTER_POLICIES),
-    "admission": Field((dict,), "admission control: for PD this is where it works (FACTS.md)", default=dict,
-                       schema=ADMISSION),
+    "admission": Field((dict,), "admission control, enforced by the front door (sglang-router 0.3.2's own limiter "
+                       "is a rate limiter, FACTS.md)", default=dict, schema=ADMISSION),
+    "frontdoor": Field((dict,), "the front door (HAProxy) on the router host", default=dict, schema=FRONTDOOR),
+    "circuit_breaker": Field((dict,), "the router's circuit breaker", default=dict, schema=CIRCUIT_BREAKER),
+    "shutdown_grace_period_secs": Field((int,), "seconds the router drains in-flight requests when stopped "
+                                        "(--shutdown-grace-period-secs); its unit waits this + 10 s before killing "
+                                        "it, so requests that finish within it complete", default=120,
+                                        check=_positive),
     "retries": Field((dict,), "retry settings", default=dict, schema=RETRIES),
     "health_check": Field((dict,), "worker health checks", default=dict, schema=HEALTH),
     "request_timeout_secs": Field((int,), "per-attempt request timeout, also caps a whole stream, seconds",

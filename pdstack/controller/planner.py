@@ -68,16 +68,20 @@ class ServerPlan:
 class RouterPlan:
     host: str
     address: str
-    port: int
+    port: int  # the public port: the front door's
+    internal_port: int  # sglang-router's, on 127.0.0.1
     prometheus_port: int
-    url: str
+    url: str  # what clients use: the front door
+    internal_url: str  # the router itself, from the router host (the watchdog probes here, past admission)
     metrics_url: str
     prefill: list[dict[str, Any]]
     decode: list[dict[str, Any]]
     flags: list[str]
     argv: list[str]
-    # the admission limits its argv carries, as numbers (the monitoring textfile and alerts read these)
+    # the admission limits as numbers: enforced by the front door (HAProxy), not by the router's own flags
     admission: dict[str, int]
+    frontdoor: dict[str, Any]  # HAProxy's settings (pdstack/controller/frontdoor.py renders its config)
+    stop_timeout_secs: int  # the router unit's stop budget: drain grace + 10 s
 
 
 @dataclass
@@ -252,15 +256,16 @@ def router_flags(dep: Deployment, servers: list[ServerPlan]) -> tuple[list[str],
         out += ["--prefill", w["url"], str(w["bootstrap_port"])]
     for w in decode:
         out += ["--decode", w["url"]]
-    out += ["--host", "0.0.0.0", "--port", str(r["port"]), "--prometheus-port", str(r["prometheus_port"]),
-            "--policy", r["policy"]]
+    # behind the front door on loopback; metrics on every address (Prometheus may be on another host)
+    out += ["--host", "127.0.0.1", "--port", str(r["internal_port"]), "--prometheus-host", "0.0.0.0",
+            "--prometheus-port", str(r["prometheus_port"]), "--policy", r["policy"]]
     if r["prefill_policy"]:
         out += ["--prefill-policy", r["prefill_policy"]]
     if r["decode_policy"]:
         out += ["--decode-policy", r["decode_policy"]]
-    adm, ret, hc = r["admission"], r["retries"], r["health_check"]
-    out += ["--max-concurrent-requests", str(adm["max_concurrent_requests"]),
-            "--queue-size", str(adm["queue_size"]), "--queue-timeout-secs", str(adm["queue_timeout_secs"]),
+    ret, hc, cb = r["retries"], r["health_check"], r["circuit_breaker"]
+    # the router's own limiter off: 0.3.2's is a token bucket, not a concurrency cap (FACTS.md); the front door admits
+    out += ["--max-concurrent-requests", "-1",
             "--retry-max-retries", str(ret["max_retries"]),
             "--retry-initial-backoff-ms", str(ret["initial_backoff_ms"]),
             "--retry-max-backoff-ms", str(ret["max_backoff_ms"]),
@@ -269,13 +274,32 @@ def router_flags(dep: Deployment, servers: list[ServerPlan]) -> tuple[list[str],
             "--health-check-timeout-secs", str(hc["timeout_secs"]),
             "--health-failure-threshold", str(hc["failure_threshold"]),
             "--health-success-threshold", str(hc["success_threshold"]),
-            "--request-timeout-secs", str(r["request_timeout_secs"])]
+            "--cb-failure-threshold", str(cb["failure_threshold"]),
+            "--cb-timeout-duration-secs", str(cb["timeout_secs"]),
+            "--request-timeout-secs", str(r["request_timeout_secs"]),
+            "--shutdown-grace-period-secs", str(r["shutdown_grace_period_secs"])]
     return out + flags.render_extra(r["extra_args"], flags.router_parser()), prefill, decode
 
 
 def _url_host(address: str) -> str:
     """An address as the host part of a URL (IPv6 in brackets)."""
     return f"[{address}]" if ":" in address else address
+
+
+def frontdoor_plan(dep: Deployment) -> dict[str, Any]:
+    """The front door's settings (HAProxy on the router host): admission from pdstack_router.admission."""
+    r = dep.router
+    adm, fd = r["admission"], r["frontdoor"]
+    return {"bind": fd["bind"], "port": r["port"], "backend_address": "127.0.0.1", "backend_port": r["internal_port"],
+            "max_concurrent_requests": adm["max_concurrent_requests"], "queue_size": adm["queue_size"],
+            "queue_timeout_secs": adm["queue_timeout_secs"], "retry_after_secs": fd["retry_after_secs"],
+            # idle timeouts above the router's request timeout: the router's own timeout (and error) comes first
+            "idle_timeout_secs": r["request_timeout_secs"] + 30,
+            # an old worker drains at most this long after a reload (a stream lasts at most the request timeout)
+            "hard_stop_after_secs": r["request_timeout_secs"] + 60,
+            "max_connections": max(4096, 4 * (adm["max_concurrent_requests"] + adm["queue_size"])),
+            "metrics_bind": "0.0.0.0", "metrics_port": fd["metrics_port"],
+            "metrics_url": f"http://{_url_host(dep.hosts[dep.router_host].address)}:{fd['metrics_port']}/metrics"}
 
 
 def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = False, deploy: bool | None = None
@@ -316,12 +340,15 @@ def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fal
                               "pdstack_router.extra_args"])
     rh = dep.hosts[dep.router_host]
     router = RouterPlan(host=rh.name, address=rh.address, port=dep.router["port"],
-                        prometheus_port=dep.router["prometheus_port"],
+                        internal_port=dep.router["internal_port"], prometheus_port=dep.router["prometheus_port"],
                         url=f"http://{_url_host(rh.address)}:{dep.router['port']}",
+                        internal_url=f"http://127.0.0.1:{dep.router['internal_port']}",
                         metrics_url=f"http://{_url_host(rh.address)}:{dep.router['prometheus_port']}/metrics",
                         prefill=prefill, decode=decode, flags=rf, argv=[*ROUTER_LAUNCHER, *rf],
                         admission={k: int(dep.router["admission"][k])
-                                   for k in ("max_concurrent_requests", "queue_size", "queue_timeout_secs")})
+                                   for k in ("max_concurrent_requests", "queue_size", "queue_timeout_secs")},
+                        frontdoor=frontdoor_plan(dep),
+                        stop_timeout_secs=dep.router["shutdown_grace_period_secs"] + 10)
     ref, image_id, tarball = resolve_image(dep.image, dep.warnings, require=require_image)
     return Plan(inventory=dep.source, environment=dep.environment, engine=dep.image["engine"], image=ref,
                 image_id=image_id, image_tarball=tarball, model=dep.model, servers=servers, router=router,
@@ -348,7 +375,14 @@ def render_text(plan: Plan) -> str:
         out += [f"  env  {' '.join(f'{k}={v}' for k, v in s.env.items()) or '-'}",
                 f"  argv {' '.join(s.argv)}", ""]
     r = plan.router
-    out += [f"router on {r.host} ({r.url}, metrics {r.metrics_url})", f"  argv {' '.join(r.argv)}", ""]
+    fd = r.frontdoor
+    adm = (f"at most {fd['max_concurrent_requests']} in flight, {fd['queue_size']} waiting up to "
+           f"{fd['queue_timeout_secs']} s (then 503), beyond: 429" if fd["max_concurrent_requests"] > 0
+           else "admission off")
+    out += [f"front door (HAProxy) on {r.host} ({r.url}, metrics {fd['metrics_url']}): {adm}; Retry-After "
+            f"{fd['retry_after_secs']} s",
+            f"router on {r.host} ({r.internal_url} behind the front door, metrics {r.metrics_url}; stop: drain "
+            f"{r.stop_timeout_secs - 10} s)", f"  argv {' '.join(r.argv)}", ""]
     out += [f"monitoring on {', '.join(plan.monitoring_hosts)}"]
     out += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(out)

@@ -65,14 +65,18 @@ KV_ENV_PER_HOST = ("DEVICE", "HCA", "IFNAME")
 
 OWNED_ROUTER_FLAGS = {
     "pd-disaggregation": "nothing (always PD)", "prefill": "pdstack_servers", "decode": "pdstack_servers",
-    "host": "nothing (the router listens on 0.0.0.0)", "port": "pdstack_router.port",
+    "host": "nothing (127.0.0.1, behind the front door)", "port": "pdstack_router.internal_port",
     "prometheus-port": "pdstack_router.prometheus_port",
     "prometheus-host": "nothing (Prometheus on the monitoring host must reach the metrics port)",
     "policy": "pdstack_router.policy", "prefill-policy": "pdstack_router.prefill_policy",
     "decode-policy": "pdstack_router.decode_policy",
-    "max-concurrent-requests": "pdstack_router.admission.max_concurrent_requests",
-    "queue-size": "pdstack_router.admission.queue_size",
-    "queue-timeout-secs": "pdstack_router.admission.queue_timeout_secs",
+    "max-concurrent-requests": "pdstack_router.admission.max_concurrent_requests (the front door enforces it)",
+    "queue-size": "pdstack_router.admission.queue_size (the front door enforces it)",
+    "queue-timeout-secs": "pdstack_router.admission.queue_timeout_secs (the front door enforces it)",
+    "rate-limit-tokens-per-second": "pdstack_router.admission (the front door enforces it)",
+    "cb-timeout-duration-secs": "pdstack_router.circuit_breaker.timeout_secs",
+    "cb-failure-threshold": "pdstack_router.circuit_breaker.failure_threshold",
+    "shutdown-grace-period-secs": "pdstack_router.shutdown_grace_period_secs",
     "retry-max-retries": "pdstack_router.retries.max_retries",
     "retry-initial-backoff-ms": "pdstack_router.retries.initial_backoff_ms",
     "retry-max-backoff-ms": "pdstack_router.retries.max_backoff_ms",
@@ -529,8 +533,12 @@ def _server_listeners(dep: Deployment) -> list[rules.Listener]:
 
 def _router_listeners(dep: Deployment) -> list[rules.Listener]:
     r, h = dep.router, dep.router_host
-    return [rules.Listener(h, r["port"], "pdstack_router.port", "sglang-router's HTTP port"),
-            rules.Listener(h, r["prometheus_port"], "pdstack_router.prometheus_port", "sglang-router's metrics")]
+    return [rules.Listener(h, r["port"], "pdstack_router.port", "the front door (HAProxy, the public port)"),
+            rules.Listener(h, r["internal_port"], "pdstack_router.internal_port",
+                           "sglang-router's HTTP port (on 127.0.0.1, behind the front door)"),
+            rules.Listener(h, r["prometheus_port"], "pdstack_router.prometheus_port", "sglang-router's metrics"),
+            rules.Listener(h, r["frontdoor"]["metrics_port"], "pdstack_router.frontdoor.metrics_port",
+                           "the front door's Prometheus exporter")]
 
 
 LISTENERS = [

@@ -170,7 +170,8 @@ class Cell:
 
 def ask(url: str, prompt: str, needle: Needle, timeout: float, max_new_tokens: int, retries: int,
         backoff_s: float = 1.0) -> Outcome:
-    """One non-streamed /generate; graded. Retries only admission refusals (429/408), with backoff."""
+    """One non-streamed /generate; graded. Retries only admission refusals (429/408, 503 + Retry-After from the front
+    door), with backoff."""
     body = json.dumps({"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}})
     start = time.monotonic()
     for attempt in range(retries + 1):
@@ -180,11 +181,12 @@ def ask(url: str, prompt: str, needle: Needle, timeout: float, max_new_tokens: i
             with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (the deployment's router)
                 raw = r.read().decode("utf-8", "replace")
         except urllib.error.HTTPError as e:
-            if e.code in (429, 408) and attempt < retries:
+            refused = e.code in (429, 408) or (e.code == 503 and e.headers.get("Retry-After") is not None)  # front door
+            if refused and attempt < retries:
                 time.sleep(backoff_s * (2 ** attempt))
                 continue
             detail = e.read(300).decode("utf-8", "replace")
-            status = "refused" if e.code in (429, 408) else "http"
+            status = "refused" if refused else "http"
             return Outcome(needle.key, needle.depth, status, latency_s=time.monotonic() - start, http_status=e.code,
                            detail=detail or f"HTTP {e.code}")
         except TimeoutError:

@@ -11,7 +11,8 @@ When it fails it names the stage (exit codes are stable; the watchdog and system
 
     0  ok                tokens flowed; the answer carries the code
     10 router-down       the router did not accept the connection (unit down, wrong URL)
-    11 admission         the router refused it: 429 (queue full) or 408 (queue timeout): busy, not broken, no restart
+    11 admission         refused: 429 (queue full), 408, or 503 + Retry-After (the front door's queue timeout): busy,
+                         not broken, no restart
     12 http-error        any other HTTP error from the router or a worker (5xx, 4xx), or a malformed stream
     13 prefill/transfer  no first token before --first-token-timeout (the prompt never reached decode)
     14 decode            the first token came, then the stream stalled past --stall-timeout; or no first token while
@@ -148,9 +149,10 @@ def probe(url: str, *, first_token_timeout: float = 60.0, stall_timeout: float =
                 return
             resp = conn.getresponse()
             if resp.status != 200:
-                events.put(("status", resp.status, resp.read(500).decode("utf-8", "replace").strip()))
+                events.put(("status", resp.status, resp.read(500).decode("utf-8", "replace").strip(),
+                            resp.getheader("Retry-After")))
                 return
-            events.put(("status", 200, ""))
+            events.put(("status", 200, "", None))
             for line in resp:
                 events.put(("line", line))
             events.put(("eof", None))
@@ -217,10 +219,14 @@ class _Stream:
         if kind == "error":
             return self._partial(HTTP_ERROR, f"connection broke after {self.tokens} token(s): {ev[1]!r}")
         if kind == "status":
-            status, detail = ev[1], ev[2]
-            if status in (429, 408):
-                why = "queue full (429)" if status == 429 else "queue timeout (408)"
-                return _result(ADMISSION, f"router admission refused the probe: {why}; busy, not broken",
+            status, detail, retry_after = ev[1], ev[2], ev[3] if len(ev) > 3 else None
+            # the front door's own 503 (pdstack/controller/frontdoor.py) says "overloaded" and carries Retry-After
+            front_door_503 = status == 503 and retry_after is not None and '"type": "overloaded"' in (detail or "")
+            if status in (429, 408) or front_door_503:
+                why = {429: "queue full (429)", 408: "queue timeout (408)"}.get(
+                    status, f"503 + Retry-After {retry_after} (the front door: no slot within its queue timeout, or "
+                    "the router behind it is down)")
+                return _result(ADMISSION, f"admission refused the probe: {why}; busy, not broken",
                                http_status=status)
             if status != 200:
                 return _result(HTTP_ERROR, f"HTTP {status} from {url}/generate: {detail or '(empty body)'}",

@@ -391,3 +391,18 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def worst_case_restart_s(*, interval_s: float, failures_before_restart: int, first_token_timeout_s: float,
+                         stall_timeout_s: float, servers: int, timer_accuracy_s: float = 5.0,
+                         health_timeout_s: float = 5.0) -> float:
+    """Upper bound, seconds, from a server wedging (its /health still 200) to the watchdog restarting it.
+
+    Worst case: the wedge comes just after a run's probe passed. The timer (OnUnitActiveSec, a oneshot, so runs never
+    overlap) starts the next run at most interval + AccuracySec after the previous one ended; a probe through a wedge
+    fails within max(first-token, stall) timeout; the K-th failing run then checks every server's /health (each
+    within health_timeout_s) and restarts. So K x (interval + accuracy + max(first token, stall)) + servers x health.
+    The restart itself (the unit's stop + start) and the server's load time come on top (README, "Failure
+    behaviour")."""
+    fail_s = max(first_token_timeout_s, stall_timeout_s)
+    return failures_before_restart * (interval_s + timer_accuracy_s + fail_s) + servers * health_timeout_s

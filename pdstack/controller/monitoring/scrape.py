@@ -49,6 +49,10 @@ def prometheus_config(plan: dict[str, Any], *, hosts: dict[str, str] | None = No
         {"job_name": "sglang-router", "metrics_path": "/metrics",
          "static_configs": [{"targets": [f"{r['address']}:{r['prometheus_port']}"],
                              "labels": {"host": str(r["host"])}}]},
+        # the front door: HAProxy's built-in Prometheus exporter (admission gauges and refusal counters)
+        {"job_name": "haproxy", "metrics_path": "/metrics",
+         "static_configs": [{"targets": [f"{r['address']}:{r['frontdoor']['metrics_port']}"],
+                             "labels": {"host": str(r["host"])}}]},
         {"job_name": "node", "static_configs": [{"targets": [f"{a}:{node_exporter_port}"], "labels": {"host": h}}
                                                 for h, a in addrs.items()]},
     ]
@@ -68,7 +72,7 @@ def prometheus_config(plan: dict[str, Any], *, hosts: dict[str, str] | None = No
 def textfile_metrics(plan: dict[str, Any], host: str, facts: dict[str, Any] | None) -> str:
     """pdstack's own metrics for node_exporter's textfile collector on `host` (pdstack.prom): which CPU belongs to
     which NUMA node (to aggregate node_cpu_seconds_total per NUMA node), each server's NUMA node and HiCache host
-    budget, and on the router host the router's admission limits (for the queue-near-full alert)."""
+    budget. (Admission limits come from HAProxy's own exporter: haproxy_server_limit_sessions/queue_limit.)"""
     lines = []
     if facts:
         lines += ["# HELP pdstack_numa_node_cpu 1 for each CPU of each NUMA node (from the host's facts).",
@@ -87,13 +91,4 @@ def textfile_metrics(plan: dict[str, Any], host: str, facts: dict[str, Any] | No
             gb = s["hicache"]["host_budget_gb"] if s["hicache"]["enabled"] else 0
             lines.append(f'pdstack_hicache_host_budget_bytes{{server="{s["name"]}",numa_node="{s["numa_node"]}"}} '
                          f"{int(gb * 2**30)}")
-    r = plan["router"]
-    if r["host"] == host:
-        adm = r["admission"]  # the plan's numbers, the same ones the router's argv carries
-        lines += ["# HELP pdstack_router_max_concurrent_requests The router's --max-concurrent-requests (-1: none).",
-                  "# TYPE pdstack_router_max_concurrent_requests gauge",
-                  f"pdstack_router_max_concurrent_requests {adm['max_concurrent_requests']}",
-                  "# HELP pdstack_router_queue_size The router's --queue-size (admission queue length).",
-                  "# TYPE pdstack_router_queue_size gauge",
-                  f"pdstack_router_queue_size {adm['queue_size']}"]
     return "\n".join(lines) + "\n"

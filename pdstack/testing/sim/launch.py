@@ -162,7 +162,10 @@ class SimProcess(ServerProcess):
         if self.bootstrap_port is not None:
             argv += ["--disaggregation-bootstrap-port", str(self.bootstrap_port)]
         argv += list(extra or [])
-        super().__init__(f"sim {role}:{self.port}", argv, Path(log_dir) / f"sim-{role}-{self.port}.log")
+        log = Path(log_dir) / f"sim-{role}-{self.port}.log"
+        while log.exists():  # a restart on the same port keeps the earlier log
+            log = log.with_name(log.stem + "+.log")
+        super().__init__(f"sim {role}:{self.port}", argv, log)
 
     def fault(self, **changes) -> dict:
         status, body = http_post_json(self.url + "/_sim/fault", changes)
@@ -178,8 +181,8 @@ class RouterProcess(ServerProcess):
     ready_timeout_s = 30.0
 
     def __init__(self, prefills: list[SimProcess], decodes: list[SimProcess], log_dir: Path,
-                 extra: list[str] | None = None):
-        self.port, self.metrics_port = free_port(), free_port()
+                 extra: list[str] | None = None, port: int | None = None, metrics_port: int | None = None):
+        self.port, self.metrics_port = port or free_port(), metrics_port or free_port()
         argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation"]
         for p in prefills:
             argv += ["--prefill", p.url, str(p.bootstrap_port) if p.bootstrap_port else "none"]
@@ -187,4 +190,83 @@ class RouterProcess(ServerProcess):
             argv += ["--decode", d.url]
         argv += ["--host", LOCALHOST, "--port", str(self.port), "--prometheus-host", LOCALHOST,
                  "--prometheus-port", str(self.metrics_port), "--log-level", "warn", *list(extra or [])]
-        super().__init__(f"router:{self.port}", argv, Path(log_dir) / f"router-{self.port}.log")
+        log = Path(log_dir) / f"router-{self.port}.log"
+        while log.exists():  # a restart on the same port keeps the earlier log
+            log = log.with_name(log.stem + "+.log")
+        super().__init__(f"router:{self.port}", argv, log)
+
+
+class FrontDoorProcess(ManagedProcess):
+    """The real HAProxy (Debian's haproxy, master-worker in the foreground) with the config pdstack renders for
+    the plan's front door, in front of a RouterProcess. `settings` override the front-door values the planner
+    would give (max_concurrent_requests, queue_size, queue_timeout_secs, retry_after_secs, ...)."""
+
+    HAPROXY = "/usr/sbin/haproxy"
+
+    def __init__(self, router: RouterProcess, log_dir: Path, api_key: str | None = None, **settings):
+        from pdstack.controller import frontdoor
+
+        self.port, self.metrics_port = free_port(), free_port()
+        self.fd = {"bind": LOCALHOST, "port": self.port, "backend_address": LOCALHOST,
+                   "backend_port": router.port, "max_concurrent_requests": 8, "queue_size": 16,
+                   "queue_timeout_secs": 10, "retry_after_secs": 1, "idle_timeout_secs": 60,
+                   "hard_stop_after_secs": 60, "max_connections": 4096, "metrics_bind": LOCALHOST,
+                   "metrics_port": self.metrics_port, **settings}
+        self.config_path = Path(log_dir) / f"haproxy-{self.port}.cfg"
+        key_file = None
+        if api_key:  # what roles/frontdoor writes from the Vault variable
+            key_file = Path(log_dir) / f"haproxy-{self.port}.keys"
+            key_file.write_text(f"Bearer {api_key}\n")
+            key_file.chmod(0o600)
+        self.config_path.write_text(frontdoor.haproxy_config(self.fd, log="stdout format raw local0",
+                                                             stats_socket=None,
+                                                             api_key_file=str(key_file) if key_file else None))
+        if not Path(self.HAPROXY).exists():
+            raise PdstackError(f"{self.HAPROXY} not found: apt-get install haproxy (./dev.sh setup does)")
+        check = subprocess.run([self.HAPROXY, "-c", "-f", str(self.config_path)], capture_output=True, text=True)
+        if check.returncode != 0:
+            raise PdstackError(f"haproxy -c rejects {self.config_path}:\n{check.stdout}{check.stderr}")
+        super().__init__(f"haproxy:{self.port}", [self.HAPROXY, "-W", "-db", "-f", str(self.config_path)],
+                         Path(log_dir) / f"haproxy-{self.port}.log")
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOCALHOST}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{LOCALHOST}:{self.metrics_port}/metrics"
+
+    def start(self, timeout: float = 10.0) -> FrontDoorProcess:
+        """Returns once HAProxy answers and counts the router as UP; stops it before raising otherwise."""
+        super().start()
+        try:
+            self.wait_http(f"http://{LOCALHOST}:{self.metrics_port}/health", timeout)
+            # the router is a server HAProxy health-checks (rise 1, every 2 s): wait until it is up
+            deadline = time.monotonic() + timeout
+            while self.metric("haproxy_server_status", proxy="pdstack_router", state="UP") != 1:
+                if time.monotonic() > deadline:
+                    raise PdstackError(f"{self.name}: the router never came up as a server:\n{self.log_tail()}")
+                time.sleep(0.1)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def metric(self, name: str, **labels) -> float | None:
+        """One sample of HAProxy's Prometheus exporter (summed over the samples matching `labels`)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        status, raw = http_get(self.metrics_url, timeout=5)
+        if status != 200:
+            raise PdstackError(f"{self.metrics_url}: {status}")
+        total = None
+        for fam in text_string_to_metric_families(raw.decode()):
+            for s in fam.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    total = (total or 0.0) + s.value
+        return total
+
+    def reload(self) -> None:
+        """What `systemctl reload haproxy` does to Debian's master-worker unit: SIGUSR2 to the master."""
+        os.kill(self.proc.pid, signal.SIGUSR2)

@@ -1,0 +1,152 @@
+"""The front door: HAProxy's configuration, rendered from the plan's `router.frontdoor` (plan.json as a dict).
+
+sglang-router 0.3.2's own limiter is a token bucket, not a concurrency cap (FACTS.md, "Measured 2026-12-01"), so
+admission lives in HAProxy (Debian's haproxy 2.6) in front of it, on the deployment's public port:
+
+- at most `max_concurrent_requests` (N) requests in flight to the router: the one server's `maxconn N`;
+- up to `queue_size` (Q) more wait in HAProxy's backend queue and are sent, in order, as soon as a slot frees;
+- beyond N + Q: refused at once with 429 + Retry-After. HAProxy has no queue-length cap of its own (a server's
+  `maxqueue` only redispatches), so the frontend routes a request to the `pdstack_refuse` backend, which answers 429,
+  when every slot is busy and the queue holds Q (`srv_conn` and `queue` ACLs); the refusals then have their own
+  counter in HAProxy's Prometheus exporter (haproxy_backend_http_responses_total{proxy="pdstack_refuse"});
+- a request that waited `queue_timeout_secs` without a slot: 503 + Retry-After. HAProxy answers a queue timeout with
+  503 ("sQ" in its log) and we keep it: 503 says "the server is overloaded, retry later", which is what happened;
+  408 would claim the *client* was too slow to send its request, and OpenAI-style clients retry both;
+- streams pass through unbuffered (no request/response buffering rules; `option http-no-delay`); a client that goes
+  away frees its slot, and a waiter that goes away leaves the queue (`option abortonclose`);
+- `timeout server`/`client` sit above the router's --request-timeout-secs, so the router's own timeout (and error)
+  comes first; `hard-stop-after` bounds how long an old worker keeps draining after a reload;
+- HAProxy's built-in Prometheus exporter (`use-service prometheus-exporter`) on its own port.
+
+With N = -1 (admission off) no maxconn and no refusal rule are rendered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+BACKEND = "pdstack_router"
+REFUSE_BACKEND = "pdstack_refuse"
+FRONTEND = "pdstack"
+SERVER = "router"
+
+
+def _json_error(message: str, kind: str, code: int) -> str:
+    # OpenAI-style error body; the string goes into an HAProxy quoted argument (no single quotes inside)
+    body = json.dumps({"error": {"message": message, "type": kind, "code": code}})
+    if "'" in body:
+        raise ValueError(f"error message {message!r} must not contain a single quote")
+    return body
+
+
+def haproxy_config(fd: dict[str, Any], *, log: str = "/dev/log local0", api_key_file: str | None = None,
+                   stats_socket: str | None = "/run/haproxy/admin.sock", user: str | None = None,
+                   chroot: str | None = None) -> str:
+    """haproxy.cfg text for the plan's `router.frontdoor` dict. `log`: HAProxy's log target (`stdout format raw
+    local0` for a foreground test process); `api_key_file`: a file of accepted `Authorization` header values, one
+    a line (requests without one of them get 401; read at start, before HAProxy drops privileges);
+    `stats_socket`: the runtime API socket (None: none); `user`/`chroot`: as Debian's own haproxy.cfg
+    (haproxy, /var/lib/haproxy; Debian's unit bind-mounts /dev/log there)."""
+    n, q, t = int(fd["max_concurrent_requests"]), int(fd["queue_size"]), int(fd["queue_timeout_secs"])
+    ra = int(fd["retry_after_secs"])
+    idle = int(fd["idle_timeout_secs"])
+    out = [
+        "# pdstack front door: admission control in front of sglang-router (pdstack/controller/frontdoor.py).",
+        f"# {'at most ' + str(n) + ' in flight to the router, ' + str(q) + ' waiting' if n > 0 else 'admission off'}"
+        f"; beyond: 429 + Retry-After; queued over {t} s: 503 + Retry-After.",
+        "global",
+        f"    log {log}",
+        # one thread: the refusal ACLs and the enqueue run in one stream pass, so N + Q is exact (a thread handles
+        # far more requests/s than an LLM deployment serves)
+        "    nbthread 1",
+        f"    maxconn {int(fd['max_connections'])}",
+        f"    hard-stop-after {int(fd['hard_stop_after_secs'])}s",
+    ]
+    if chroot:
+        out.append(f"    chroot {chroot}")
+    if user:
+        out += [f"    user {user}", f"    group {user}"]
+    if stats_socket:
+        out.append(f"    stats socket {stats_socket} mode 660 level admin")
+    out += [
+        "",
+        "defaults",
+        "    mode http",
+        "    log global",
+        "    option httplog",
+        "    option dontlognull",
+        "    option http-no-delay",
+        "    option abortonclose",
+        "    timeout connect 5s",
+        f"    timeout queue {t}s",
+        f"    timeout client {idle}s",
+        f"    timeout server {idle}s",
+        "    timeout http-request 30s",
+        "    timeout http-keep-alive 10s",
+        "",
+        f"frontend {FRONTEND}",
+        f"    bind {fd['bind']}:{int(fd['port'])}",
+    ]
+    if api_key_file:
+        out += [f"    http-request return status 401 content-type application/json string "
+                f"'{_json_error('missing or wrong API key (Authorization: Bearer KEY)', 'authentication_error', 401)}'"
+                f" unless {{ req.hdr(authorization) -m str -f {api_key_file} }}"]
+    if n > 0:
+        out += [f"    acl pdstack_slots_full srv_conn({BACKEND}/{SERVER}) ge {n}",
+                f"    acl pdstack_queue_full queue({BACKEND}) ge {q}",
+                f"    use_backend {REFUSE_BACKEND} if pdstack_slots_full pdstack_queue_full"]
+    out += [f"    default_backend {BACKEND}", ""]
+    out += [
+        f"backend {BACKEND}",
+        "    option httpchk GET /liveness",
+        "    http-check expect status 200",
+        # HAProxy's own 503s (queue timeout, router down) and the router's 503s carry Retry-After
+        f"    http-error status 503 content-type application/json hdr Retry-After {ra} string "
+        f"'{_json_error('overloaded or unavailable: no router slot became free in time', 'overloaded', 503)}'",
+        f"    http-response set-header Retry-After {ra} if {{ status 503 }} !{{ res.hdr(retry-after) -m found }}",
+        f"    server {SERVER} {fd['backend_address']}:{int(fd['backend_port'])}"
+        + (f" maxconn {n} maxqueue {max(q, 1)}" if n > 0 else "")
+        + " check inter 2s fall 2 rise 1",
+        "",
+    ]
+    if n > 0:
+        out += [
+            f"backend {REFUSE_BACKEND}",
+            f"    http-request return status 429 content-type application/json hdr Retry-After {ra} string "
+            f"'{_json_error(f'too many requests: {n} in flight and {q} waiting', 'rate_limit_exceeded', 429)}'",
+            "",
+        ]
+    out += [
+        "frontend pdstack_metrics",
+        f"    bind {fd['metrics_bind']}:{int(fd['metrics_port'])}",
+        "    no log",
+        "    http-request use-service prometheus-exporter if { path /metrics }",
+        "    http-request return status 200 content-type text/plain string ok if { path /health }",
+        "    http-request return status 404",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pdstack.controller.frontdoor", allow_abbrev=False,
+                                 description="print haproxy.cfg for the plan's front door")
+    ap.add_argument("--plan", required=True, help="plan.json, or - for stdin")
+    ap.add_argument("--log", default="/dev/log local0", help="HAProxy log target")
+    ap.add_argument("--api-key-file", help="file of accepted Authorization header values (API key on)")
+    ap.add_argument("--stats-socket", default="/run/haproxy/admin.sock")
+    ap.add_argument("--user", help="drop privileges to this user and its group (Debian: haproxy)")
+    ap.add_argument("--chroot", help="chroot directory (Debian: /var/lib/haproxy)")
+    a = ap.parse_args(argv)
+    plan = json.loads(sys.stdin.read() if a.plan == "-" else Path(a.plan).read_text())
+    sys.stdout.write(haproxy_config(plan["router"]["frontdoor"], log=a.log, api_key_file=a.api_key_file,
+                                    stats_socket=a.stats_socket or None, user=a.user, chroot=a.chroot))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Failure behaviour chosen, not inherited (issue 15), with the router flags the planner renders for inventory/local,
+behind the front door (real HAProxy), in front of a sim prefill + decode; all on 127.0.0.1.
+
+- prefill killed and restarted: 0.3.2's circuit breaker opens on both workers; with --cb-timeout-duration-secs 10
+  (pdstack_router.circuit_breaker.timeout_secs) the first success comes within 15 s of the new prefill's /health.
+- router stopped with requests in flight: it drains for --shutdown-grace-period-secs; what finishes within it
+  completes with [DONE], a longer stream is cut at the end of it; meanwhile the front door answers new requests
+  with 503 + Retry-After at once; a router started again serves.
+- wedged decode: a stream is cut at --request-timeout-secs, a non-stream request gets 502 after timeout x attempts;
+  either way its front-door slot is freed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from pdstack.testing import admission
+from pdstack.testing.admission import DECODE_TPS, request
+from pdstack.testing.sim.launch import http_get
+
+pytestmark = pytest.mark.slow
+
+
+def _flag(flags: list[str], name: str) -> int:
+    return int(flags[flags.index(name) + 1])
+
+
+def test_prefill_killed_and_restarted_serves_within_15_s_of_its_health(tmp_path):
+    flags = admission.rendered_router_flags()
+    assert _flag(flags, "--cb-timeout-duration-secs") == 10
+    with admission.Stack(tmp_path, router_extra=flags) as st:
+        fd = st.with_frontdoor(max_concurrent_requests=8, queue_size=16, queue_timeout_secs=10)
+        assert request(fd.url, 8)["status"] == 200
+        os.killpg(st.prefill.proc.pid, signal.SIGKILL)
+        st.prefill.proc.wait(5)
+        t0, results = time.monotonic(), []
+        while time.monotonic() - t0 < 10:  # clients keep coming while prefill is down (the breaker opens)
+            out: list[dict] = []
+            ths = [threading.Thread(target=lambda o=out: o.append(request(fd.url, 8, timeout=60))) for _ in range(6)]
+            for t in ths:
+                t.start()
+            for t in ths:
+                t.join()
+            results += out
+        assert all(r["status"] not in (0, 200) for r in results), results
+        assert max(r["seconds"] for r in results) < 20, results  # refused, not hung
+        st.restart_prefill()
+        assert http_get(st.prefill.url + "/health")[0] == 200
+        healthy = time.monotonic()
+        while True:
+            r = request(fd.url, 8, timeout=30)
+            if r["status"] == 200:
+                break
+            assert time.monotonic() - healthy < 15, f"no success 15 s after prefill's /health: {r}"
+            time.sleep(0.25)
+        assert time.monotonic() - healthy < 15
+        print(f"prefill restarted: first success {time.monotonic() - healthy:.1f} s after its /health "
+              f"(refused while down: {sorted({r['status'] for r in results})})")
+
+
+def test_router_stop_drains_in_flight_within_its_grace_and_the_front_door_answers_503(tmp_path):
+    grace = 6
+    flags = [*admission.rendered_router_flags(), "--shutdown-grace-period-secs", str(grace)]
+    with admission.Stack(tmp_path, router_extra=flags) as st:
+        fd = st.with_frontdoor(max_concurrent_requests=8, queue_size=16, queue_timeout_secs=10)
+        out: dict[str, list] = {"short": [], "long": []}
+
+        def stream(kind: str, seconds: float) -> None:
+            out[kind].append(request(fd.url, int(seconds * DECODE_TPS), stream=True, timeout=60))
+
+        ths = [threading.Thread(target=stream, args=("short", 3.0)) for _ in range(3)]
+        ths.append(threading.Thread(target=stream, args=("long", 3 * grace)))
+        for t in ths:
+            t.start()
+        time.sleep(0.5)
+        stopper = threading.Thread(target=lambda: st.router.stop(timeout=grace + 10))
+        t_stop = time.monotonic()
+        stopper.start()
+        time.sleep(0.5)
+        during = request(fd.url, 4, timeout=30)  # a new client while the router drains / is gone
+        for t in ths:
+            t.join(60)
+        stopper.join(30)
+        stopped_after = time.monotonic() - t_stop
+        # requests that finish within the grace period complete
+        assert [r["status"] for r in out["short"]] == [200] * 3, out["short"]
+        assert all(r["tail"].rstrip().endswith("data: [DONE]") for r in out["short"]), out["short"]
+        # a stream longer than the grace period is cut when it ends (no [DONE]); the router is gone by then
+        assert out["long"] and not out["long"][0]["tail"].rstrip().endswith("data: [DONE]"), out["long"]
+        assert stopped_after < grace + 3, stopped_after
+        print(f"router stop: gone after {stopped_after:.1f} s (grace {grace} s); a new request meanwhile: "
+              f"{during['status']} in {during['seconds']:.2f} s")
+        # the front door: 503 + Retry-After, not hung (HAProxy retries a refused connection 3 times, 1 s apart, until
+        # its health check takes the router out, ~4 s; then at once)
+        assert during["status"] == 503 and during["retry_after"] == "1" and during["seconds"] < 5, during
+        st.restart_router()
+        deadline = time.monotonic() + 10
+        while (r := request(fd.url, 4))["status"] != 200:
+            assert time.monotonic() < deadline, r
+            time.sleep(0.2)
+
+
+def test_wedged_decode_cuts_streams_at_the_request_timeout_and_frees_the_slot(tmp_path):
+    timeout = 3
+    flags = [*admission.rendered_router_flags(), "--request-timeout-secs", str(timeout)]
+    attempts = _flag(flags, "--retry-max-retries")  # 0.3.2: --retry-max-retries counts attempts in all
+    with admission.Stack(tmp_path, router_extra=flags) as st:
+        fd = st.with_frontdoor(max_concurrent_requests=2, queue_size=0, queue_timeout_secs=10)
+        st.decode.fault(wedge_decode=True)
+        s = request(fd.url, 8, stream=True, timeout=60)
+        assert s["status"] == 200 and "[DONE]" not in s["tail"], s
+        assert timeout - 0.5 < s["seconds"] < timeout + 1, s
+        n = request(fd.url, 8, timeout=60)
+        assert n["status"] == 502, n
+        assert n["seconds"] < timeout * attempts + 1.5, n
+        assert fd.metric("haproxy_server_current_sessions", proxy="pdstack_router") == 0
+        st.decode.fault(wedge_decode=False)
+        assert request(fd.url, 8)["status"] == 200

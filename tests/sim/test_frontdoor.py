@@ -1,0 +1,166 @@
+"""The front door for real: Debian's haproxy with the config pdstack renders, the real sglang-router 0.3.2 behind it
+(its own limiter off, as the planner renders it), a sim prefill + decode; all on 127.0.0.1.
+
+The numbers are issue 15's: a 200-request burst at N=8, Q=16 never runs more than 8 on decode, serves >= N + Q and
+refuses the rest within 1 s with 429 + Retry-After; a waiter past the queue timeout is refused within timeout + 1 s;
+5 req/s for 20 s of ~2 s requests keeps decode at <= N with fast refusals and normal service after. The same
+scenarios print their figures with `python -m pdstack.testing.admission` (README, "Admission control").
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from pdstack.testing import admission
+from pdstack.testing.admission import DECODE_TPS, request
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    with admission.Stack(tmp_path_factory.mktemp("frontdoor")) as s:
+        yield s
+
+
+def _fast(st: dict, within: float) -> None:
+    assert st["max_s"] < within, st
+
+
+def test_burst_of_200_is_capped_at_n_queued_up_to_q_and_the_rest_refused_at_once(stack):
+    r = admission.burst(stack, n=200, max_concurrent=8, queue=16, queue_timeout=30, request_s=2.0)
+    st = r["statuses"]
+    assert r["samples"] > 40 and r["decode_running_peak"] <= 8, r
+    assert set(st) == {"200", "429"}, st
+    assert st["200"]["count"] >= 8 + 16, st
+    assert st["200"]["count"] + st["429"]["count"] == 200
+    _fast(st["429"], 1.0)
+    assert st["429"]["retry_after"] == ["1"], st
+    # the queued ones are served as slots free: three waves of 8 of ~2 s, not a timeout
+    assert st["200"]["max_s"] < 3 * 2.0 + 2.0, st
+
+
+def test_a_waiter_past_the_queue_timeout_gets_503_with_retry_after(stack):
+    r = admission.queue_timeout(stack, max_concurrent=8, queue=16, timeout=2, request_s=8.0)
+    st = r["statuses"]
+    assert r["decode_running_peak"] <= 8, r
+    assert st["200"]["count"] == 8 and st["429"]["count"] == 8 and st["503"]["count"] == 16, st
+    assert 2.0 <= st["503"]["min_s"] and st["503"]["max_s"] < 2.0 + 1.0, st
+    assert st["503"]["retry_after"] == ["1"] and st["429"]["retry_after"] == ["1"], st
+    _fast(st["429"], 1.0)
+
+
+def test_sustained_overload_keeps_decode_at_n_refuses_fast_and_recovers(stack):
+    r = admission.sustained(stack, rate=5.0, seconds=20.0, max_concurrent=8, queue=16, queue_timeout=30,
+                            request_s=2.0)
+    st = r["statuses"]
+    assert r["decode_running_peak"] <= 8, r
+    assert set(st) <= {"200", "429"} and st["200"]["count"] >= 80, st
+    if "429" in st:
+        _fast(st["429"], 1.0)
+    assert r["after"]["status"] == 200 and r["after"]["seconds"] < 2.0 + 1.0, r
+
+
+def test_streams_pass_through_unbuffered(stack):
+    fd = stack.with_frontdoor(max_concurrent_requests=2, queue_size=2, queue_timeout_secs=5)
+    tokens = int(2.0 * DECODE_TPS)
+    conn = http.client.HTTPConnection("127.0.0.1", fd.port, timeout=30)
+    conn.request("POST", "/generate", json.dumps({"text": "Tell me a story.", "stream": True,
+                                                  "sampling_params": {"max_new_tokens": tokens}}),
+                 {"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    resp = conn.getresponse()
+    assert resp.status == 200
+    arrivals, buf = [], b""
+    while True:
+        chunk = resp.read1(65536)
+        if not chunk:
+            break
+        buf += chunk
+        arrivals.append((time.monotonic() - t0, buf.count(b"data: ")))
+    conn.close()
+    assert buf.rstrip().endswith(b"data: [DONE]"), buf[-200:]
+    total = arrivals[-1][0]
+    first = next(t for t, n in arrivals if n >= 1)
+    # tokens arrive while the request runs (2 s of decode), not all at the end
+    assert total > 1.5 and first < 0.5 * total, arrivals[:5]
+    halfway = [n for t, n in arrivals if t < 0.5 * total]
+    assert halfway and halfway[-1] >= tokens // 4, arrivals
+
+
+def test_a_client_that_disconnects_frees_its_slot(stack):
+    fd = stack.with_frontdoor(max_concurrent_requests=1, queue_size=0, queue_timeout_secs=5)
+    body = json.dumps({"text": "Tell me a story.", "stream": True,
+                       "sampling_params": {"max_new_tokens": int(20 * DECODE_TPS)}}).encode()
+    s = socket.create_connection(("127.0.0.1", fd.port))
+    s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    assert s.recv(4096).startswith(b"HTTP/1.1 200")
+    # the one slot is taken: another request is refused at once
+    assert request(fd.url, 4)["status"] == 429
+    s.close()
+    deadline = time.monotonic() + 3
+    while fd.metric("haproxy_server_current_sessions", proxy="pdstack_router") != 0:
+        assert time.monotonic() < deadline, "the slot of a client that went away was not freed"
+        time.sleep(0.05)
+    r = request(fd.url, 4)
+    assert r["status"] == 200, r
+
+
+def test_gauges_and_counters_of_the_exporter_follow_admission(stack):
+    """The metrics the dashboards and alerts use: in flight, waiting, limits, refusals, queue timeouts."""
+    fd = stack.with_frontdoor(max_concurrent_requests=2, queue_size=3, queue_timeout_secs=2)
+    assert fd.metric("haproxy_server_limit_sessions", proxy="pdstack_router") == 2
+    assert fd.metric("haproxy_server_queue_limit", proxy="pdstack_router") == 3
+    out: list[dict] = []
+    ths = [threading.Thread(target=lambda: out.append(request(fd.url, int(5 * DECODE_TPS)))) for _ in range(8)]
+    for t in ths:
+        t.start()
+    time.sleep(1.0)
+    assert fd.metric("haproxy_server_current_sessions", proxy="pdstack_router") == 2
+    assert fd.metric("haproxy_backend_current_queue", proxy="pdstack_router") == 3
+    for t in ths:
+        t.join()
+    assert sorted(r["status"] for r in out) == [200, 200, 429, 429, 429, 503, 503, 503]
+    assert fd.metric("haproxy_backend_http_responses_total", proxy="pdstack_refuse", code="4xx") == 3
+    assert fd.metric("haproxy_backend_connection_errors_total", proxy="pdstack_router") == 3
+
+
+def test_a_reload_keeps_established_streams(stack):
+    """`systemctl reload haproxy` (Debian's master-worker unit: SIGUSR2): the old worker finishes its streams."""
+    fd = stack.with_frontdoor(max_concurrent_requests=4, queue_size=4, queue_timeout_secs=5)
+    out: list[dict] = []
+    th = threading.Thread(target=lambda: out.append(request(fd.url, int(3 * DECODE_TPS), stream=True)))
+    th.start()
+    time.sleep(0.8)
+    fd.reload()
+    time.sleep(0.5)
+    assert request(fd.url, 4)["status"] == 200  # the new worker serves
+    th.join(10)
+    assert out and out[0]["status"] == 200 and out[0]["seconds"] > 2.5, out
+    assert out[0]["tail"].rstrip().endswith("data: [DONE]"), out
+
+
+def test_an_api_key_is_required_when_set_and_never_logged(stack):
+    fd = stack.with_frontdoor(api_key="s3cret-test-key", max_concurrent_requests=2, queue_size=2, queue_timeout_secs=5)
+    body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 4}})
+
+    def call(headers: dict) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", fd.port, timeout=30)
+        conn.request("POST", "/generate", body, {"Content-Type": "application/json", **headers})
+        status = conn.getresponse().status
+        conn.close()
+        return status
+
+    assert call({}) == 401
+    assert call({"Authorization": "Bearer wrong"}) == 401
+    assert call({"Authorization": "Bearer s3cret-test-key"}) == 200
+    assert "s3cret" not in fd.config_path.read_text()
+    time.sleep(0.5)
+    assert "s3cret" not in fd.log_path.read_text()
