@@ -265,11 +265,15 @@ def test_sim_image_runs_the_test_engine_and_the_real_router(docker_client, tmp_p
     assert m["labels"]["io.pdstack.test-engine"] == "true"
     out = _run(c, m["tag"], "command -v pdstack; command -v python3; pdstack sim --help; "
                             "python3 -m sglang_router.launch_router --help | head -n 3; "
-                            "python3 -c 'import importlib.util as u; print(\"torch:\", u.find_spec(\"torch\"))'")
+                            "python3 -c 'import torch; print(\"torch cuda:\", torch.version.cuda)'; "
+                            "python3 -c 'from pdstack.testing.sim import parsing; print(\"parsers:\", "
+                            "[c.__name__ for c in parsing.classes()])'")
     assert "/opt/pdstack/bin/pdstack" in out and "/opt/pdstack/bin/python3" in out
     assert "TEST ENGINE" in out and "--disaggregation-mode" in out
     assert "usage: launch_router" in out
-    assert "torch: None" in out  # lean: no torch in the sim image
+    # CPU torch only (SGLang's tool-call detector and reasoning parser import it); no CUDA in the sim image
+    assert "torch cuda: None" in out
+    assert "parsers: ['FunctionCallParser', 'ReasoningParser', 'Tool']" in out
 
     t0 = time.monotonic()
     again = build(flavor="sim", save=str(tmp_path / "sim.tar"))
