@@ -396,7 +396,9 @@ def test_parsers_off_fail_the_tools_gate_then_on_passes_the_agent_gates(one_host
     r = playbook(ONE, "-e", off)
     assert r.returncode != 0
     assert "smoke checks FAILED" in r.stdout and "tools   FAIL" in r.stdout, r.stdout[-4000:]
-    assert "is --tool-call-parser on?" in r.stdout and "is --reasoning-parser on?" in r.stdout
+    # -e reaches the gate (the smoke role passes the resolved variables), so it names the setting that turned them off
+    assert "is --tool-call-parser on?" in r.stdout, r.stdout[-4000:]
+    assert "the inventory turns pdstack_model.tool_call_parser, pdstack_model.reasoning_parser off" in r.stdout
     summary = json.loads((ROOT / "build/smoke/one-host/latest/summary.json").read_text())
     assert "tools" in summary["failed"]
     back = playbook(ONE)  # the plan's parsers again (deepseekv4, deepseek-v4)
