@@ -80,7 +80,9 @@ def smoke_phase(tmp_path: Path, router_url: str, *extra: str) -> subprocess.Comp
 def test_extra_vars_reach_the_gate(tmp_path):
     """`ansible-playbook -e pdstack_smoke=...` changes what the smoke role runs and what it gates on, not only the
     preflight: the role reads the variables Ansible resolved, not the inventory's files again."""
-    stack, s = start_pd(tmp_path, decode_extra=["--recall-horizon", "3000"])
+    # the parsers the plan renders for inventory/test's deepseek_v4 model, so the agent gates see a healthy stack
+    parsers = ["--tool-call-parser", "deepseekv4", "--reasoning-parser", "deepseek-v4"]
+    stack, s = start_pd(tmp_path, sim_extra=parsers, decode_extra=["--recall-horizon", "3000"])
     with stack:
         # inventory/test: grid 1K..4K, min_horizon 4000 -> horizon 2000 fails the gate
         r = smoke_phase(tmp_path, s.router.url)
