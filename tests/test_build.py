@@ -8,6 +8,7 @@ built once and then found by tag), then kernels, patches, SGLang's JIT AOT and t
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -138,6 +139,36 @@ def test_sbom_names_the_one_wheel_each_locked_distribution_installed(tmp_path):
     good.write_bytes(b"tampered")
     with pytest.raises(BuildError, match="lacks the locked wheel of: foo-bar"):
         sbom.installed_wheels(lock, wheels)
+
+
+def test_sbom_fills_an_empty_wheel_cache_from_the_lock_first(tmp_path, monkeypatch):
+    """A fresh clone on a host that already has the image has no wheel cache: the SBOM step fills it from the lock
+    (the CI run of 2026-12-01 failed here), and still refuses a cache whose fill did not bring the locked wheel."""
+    from pdstack.controller.imagebuild import sbom
+
+    content = b"the locked wheel"
+    lock = tmp_path / "x.lock"
+    lock.write_text("foo==2.0 \\\n    --hash=sha256:" + hashlib.sha256(content).hexdigest() + "\n")
+    wheels = tmp_path / "cache"
+    fills = []
+
+    def fill(lk, folder):
+        fills.append((lk, folder))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "foo-2.0-py3-none-any.whl").write_bytes(content)
+        return {"seconds": 0.0, "bytes": len(content)}
+
+    monkeypatch.setattr(sbom, "BUILD_DIR", tmp_path / "build")
+    monkeypatch.setattr(sbom.wheel_cache, "download_locked", fill)
+    out = sbom.write_sbom(lock, wheels)
+    assert fills == [(lock, wheels)] and out["components"] == 1
+    doc = json.loads((tmp_path / "build" / "sbom" / Path(out["path"]).name).read_text())
+    assert [c["name"] for c in doc["components"]] == ["foo"]
+
+    content = b"a different file"  # the fill brings a wheel that does not match the lock's hash
+    lock.write_text("foo==2.0 \\\n    --hash=sha256:" + "1" * 64 + "\n")
+    with pytest.raises(BuildError, match="lacks the locked wheel of: foo"):
+        sbom.write_sbom(lock, tmp_path / "cache2")
 
 
 def test_the_prod_lock_pins_every_distribution_with_hashes():

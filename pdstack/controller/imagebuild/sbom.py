@@ -4,6 +4,8 @@ installed distribution with its version and the sha256 of the exact wheel the im
 The locked base installs requirements/prod-image.lock with --require-hashes from the host's wheel cache, so the
 cache's wheel of each locked version *is* what the image holds; cyclonedx-py reads a requirements file naming each
 with that one hash (the lock itself lists every platform's hashes). Cached per lock: build/sbom/prod-<lock>.cdx.json.
+Where the image exists but this checkout's cache does not (a fresh clone on a host that already has the image), the
+cache is filled from the lock first: the same hash-checked download the base build made, so the same wheels.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pdstack.controller.imagebuild import wheels as wheel_cache
 from pdstack.controller.imagebuild.common import BUILD_DIR, BuildError, echo, rel, sha256_file
 
 _ENTRY = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
@@ -72,7 +75,11 @@ def write_sbom(lock: Path, wheels: Path) -> dict[str, Any]:
     out = BUILD_DIR / "sbom" / f"prod-{sha256_file(lock)[:16]}.cdx.json"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
-        found = installed_wheels(lock, wheels)
+        try:
+            found = installed_wheels(lock, wheels)
+        except BuildError:
+            wheel_cache.download_locked(lock, wheels)
+            found = installed_wheels(lock, wheels)
         req = out.with_suffix(".requirements.txt")
         req.write_text("".join(f"{n}=={v} --hash=sha256:{h}  # {f}\n" for n, (v, f, h) in sorted(found.items())))
         r = subprocess.run([_tool(), "requirements", str(req), "--of", "JSON", "--sv", "1.6", "-o", str(out)],
