@@ -125,24 +125,30 @@ def register(p: argparse.ArgumentParser) -> None:
     p.epilog = "exit codes: 0 every gate passed, 1 a gate failed (summary says which), 2 usage or bad inventory"
 
 
-def settings(args: argparse.Namespace) -> dict:
-    """What this run uses: the schema's defaults, then the inventory's pdstack_smoke (-i, or the resolved --vars),
-    then the flags given."""
+def deployment(args: argparse.Namespace) -> inventory.Deployment | None:
+    """The inventory -i names (with --vars: the variables Ansible resolved), loaded once for every setting of the
+    run (smoke_settings and the agent gates'); None without -i."""
     if args.vars and not args.inventory:
         raise InventoryError(["--vars FILE needs -i/--inventory DIR: the inventory whose variables it holds"])
+    return inventory.load(args.inventory, args.vars) if args.inventory else None
+
+
+def settings(args: argparse.Namespace, dep: inventory.Deployment | None) -> dict:
+    """What this run uses: the schema's defaults, then the inventory's pdstack_smoke (`dep`, from deployment()),
+    then the flags given."""
     cfg = dict(DEFAULTS)
-    if args.inventory:
-        cfg.update(smoke_settings.from_inventory(args.inventory, args.vars))
+    if dep is not None:
+        cfg.update(smoke_settings.from_deployment(dep))
     cfg.update({k: v for k, v in vars(args).items() if k in DEFAULTS and v is not None})
     return cfg
 
 
 def run(args: argparse.Namespace) -> int:
     headers = apikey.from_env()  # before any request: a key file others can read is a usage error (exit 2)
-    cfg = settings(args)
+    dep = deployment(args)
+    cfg = settings(args, dep)
     variants = ["single", "multi"] if cfg["variant"] == "both" else [cfg["variant"]]
-    agent = (agent_gates.settings_from_deployment(inventory.load(args.inventory, args.vars)) if args.inventory
-             else {})
+    agent = agent_gates.settings_from_deployment(dep) if dep is not None else {}
     agent.update({k: v for k, v in {"tools": args.tools, "reasoning": args.reasoning, "churn": args.churn,
                                     "churn_lengths": args.churn_lengths, "admission_limit": args.admission_limit,
                                     "model": args.model}.items() if v is not None})

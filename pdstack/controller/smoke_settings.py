@@ -2,13 +2,12 @@
 
 One source of defaults: the inventory schema (inventory.SMOKE). `DEFAULTS` are the settings of an inventory that sets
 no `pdstack_smoke` at all; the three CLIs take their argparse defaults from it, and `pdstack smoke -i` from the
-inventory (`--vars`: from the variables Ansible resolved, extra vars included).
+inventory (`--vars`: from the variables Ansible resolved, extra vars included), which `pdstack smoke` loads once.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -45,9 +44,8 @@ def _schema_defaults(schema) -> dict[str, Any]:
 DEFAULTS = settings(_schema_defaults(inventory.SMOKE), _schema_defaults(inventory.ADMISSION))
 
 
-def from_inventory(source: str | os.PathLike, resolved: str | os.PathLike | None = None) -> dict[str, Any]:
-    """The settings of inventory `source`; with `resolved` (the preflight role's inventory.json) those variables."""
-    dep = inventory.load(source, resolved)
+def from_deployment(dep: inventory.Deployment) -> dict[str, Any]:
+    """The settings of a loaded inventory (inventory.load: its files, or the preflight role's resolved variables)."""
     return settings(dep.smoke, dep.router["admission"])
 
 
