@@ -16,9 +16,9 @@ import pytest
 
 from pdstack import cli
 from pdstack.controller import apikey, bench, churn, gates_tools, recall
-from pdstack.controller.smoke_settings import DEFAULTS
 from pdstack.hostside import probe
 from pdstack.testing.sim.launch import FrontDoorProcess
+from pdstack.testing.sim.vocab import TOKENIZER_DIR
 
 KEY = "t0p-s3cret-key"
 REFUSED = "the front door refused the API key (HTTP 401)"
@@ -78,11 +78,11 @@ def seen():
 def _gates(url: str, headers: dict) -> dict[str, str]:
     """Each smoke tool once against `url` with `headers`: {tool: its failure message}."""
     pr = probe.probe(url, first_token_timeout=5, stall_timeout=2, total_timeout=5, headers=headers)
-    rr = recall.run_recall(url, lengths=[200], depths=[50], tokenizer=DEFAULTS["tokenizer"], variants=["single"],
+    rr = recall.run_recall(url, lengths=[200], depths=[50], tokenizer=TOKENIZER_DIR, variants=["single"],
                            concurrency=1, timeout=5, retries=0, headers=headers)
     br = bench.run_bench(url, concurrency=[1], requests=1, max_new_tokens=4, timeout=5, headers=headers)
     tr = gates_tools.run_tool_gate(url, reasoning=False, timeout=5, headers=headers)
-    cr = churn.run_churn_gate(url, tokenizer=DEFAULTS["tokenizer"], lengths=[200], timeout=5, headers=headers)
+    cr = churn.run_churn_gate(url, tokenizer=TOKENIZER_DIR, lengths=[200], timeout=5, headers=headers)
     assert not (pr.ok or br.passed or tr.passed or cr.passed) and rr.counts()["http"] == 1
     (o,) = rr.cells[0].outcomes
     assert rr.auth_refused is None or rr.auth_refused in rr.table()  # the table says it too
@@ -116,7 +116,8 @@ def test_the_right_key_reaches_the_backend_from_every_gate(door, seen):
 
 
 def _smoke(url: str, out: Path) -> tuple[int, str]:
-    rc = cli.main(["smoke", "--url", url, "--out", str(out), "--lengths", "200", "--depths", "50",
+    rc = cli.main(["smoke", "--url", url, "--out", str(out), "--tokenizer", str(TOKENIZER_DIR), "--lengths", "200",
+                   "--depths", "50",
                    "--variant", "single", "--bench-concurrency", "1", "--bench-requests", "1", "--bench-tokens", "4",
                    "--timeout", "5", "--probe-first-token-timeout", "3", "--probe-stall-timeout", "2",
                    "--churn-lengths", "200", "--no-reasoning"])

@@ -453,6 +453,8 @@ CASES = [
       ["pdstack_smoke.grid.lengths", "[16000, 32000] reach pdstack_model.context_length 16000"]),
     C("smoke-horizon-unreachable", SMOKE, lambda d: d["pdstack_smoke"].update(min_horizon=64000),
       ["pdstack_smoke.min_horizon", "beyond the longest recall length 32000", "never pass"]),
+    C("smoke-without-tokenizer", SMOKE, lambda d: d["pdstack_smoke"].pop("tokenizer"),
+      ["pdstack_smoke.tokenizer: unset", "the model's tokenizer directory on the controller", "enabled: false"]),
 
     C("smoke-bench-concurrency-not-numbers", SMOKE, lambda d: d["pdstack_smoke"]["bench"].update(concurrency=[1, "a"]),
       ["pdstack_smoke.bench.concurrency", "must be a list of concurrency levels > 0"]),

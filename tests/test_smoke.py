@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "sim"))
 from sim_helpers import start_pd  # noqa: E402
 
 from pdstack import cli  # noqa: E402
+from pdstack.testing.sim.vocab import TOKENIZER_DIR  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,8 @@ DECODE_200 = ["--decode-tokens-per-s", "200"]  # so C=1 decode speed is measurab
 
 
 def smoke(url: str, out: Path, min_horizon: int, baseline: float = 200) -> int:
-    return cli.main(["smoke", "--url", url, "--out", str(out), *GRID, "--min-horizon", str(min_horizon),
+    return cli.main(["smoke", "--url", url, "--out", str(out), "--tokenizer", str(TOKENIZER_DIR), *GRID,
+                     "--min-horizon", str(min_horizon),
                      "--baseline", str(baseline), "--tolerance", "0.5", "--bench-concurrency", "1,2",
                      "--bench-requests", "2", "--bench-tokens", "40", "--timeout", "30",
                      "--probe-first-token-timeout", "5", "--probe-stall-timeout", "3", "--no-tools", "--no-churn"])
@@ -89,8 +91,9 @@ def test_extra_vars_reach_the_gate(tmp_path):
         assert r.returncode != 0, r.stdout[-4000:]
         assert "recall  FAIL  horizon 2000 tokens (min 4000; grid 1K..4K x 3 depths)" in r.stdout, r.stdout[-4000:]
         # the same deploy with a smaller grid and gate given with -e: it runs that grid, and passes
-        xs = {"pdstack_smoke": {"min_horizon": 2000, "grid": {"lengths": [1000, 2000], "depths": [0, 100],
-                                                              "variant": "single"},
+        # (an extra var replaces the whole pdstack_smoke, so it names the tokenizer too)
+        xs = {"pdstack_smoke": {"min_horizon": 2000, "tokenizer": str(TOKENIZER_DIR),
+                                "grid": {"lengths": [1000, 2000], "depths": [0, 100], "variant": "single"},
                                 "bench": {"concurrency": [1], "requests": 1, "max_new_tokens": 16}}}
         r = smoke_phase(tmp_path, s.router.url, "-e", json.dumps(xs))
         assert r.returncode == 0, r.stdout[-4000:]
@@ -114,8 +117,8 @@ def test_the_smoke_role_hands_the_front_door_key_over_unlogged(tmp_path):
         tmp = tmp_path / "tmp"
         tmp.mkdir()
         xs = {"frontdoor_api_key": key,
-              "pdstack_smoke": {"min_horizon": 2000, "grid": {"lengths": [1000, 2000], "depths": [0, 100],
-                                                              "variant": "single"},
+              "pdstack_smoke": {"min_horizon": 2000, "tokenizer": str(TOKENIZER_DIR),
+                                "grid": {"lengths": [1000, 2000], "depths": [0, 100], "variant": "single"},
                                 "bench": {"concurrency": [1], "requests": 1, "max_new_tokens": 16}}}
         r = smoke_phase(tmp_path, fd.url, "-vvv", "-e", json.dumps(xs), env={"TMPDIR": str(tmp)})
         out = r.stdout + r.stderr

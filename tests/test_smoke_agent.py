@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "sim"))
 from sim_helpers import start_pd  # noqa: E402
 
 from pdstack import cli  # noqa: E402
+from pdstack.testing.sim.vocab import TOKENIZER_DIR  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +24,8 @@ ADMISSION = ["--max-concurrent-requests", "4", "--queue-size", "8", "--queue-tim
 
 
 def smoke(url: str, out: Path, *extra: str) -> int:
-    return cli.main(["smoke", "--url", url, "--out", str(out), "--lengths", "1K,2K", "--depths", "0,100",
+    return cli.main(["smoke", "--url", url, "--out", str(out), "--tokenizer", str(TOKENIZER_DIR),
+                     "--lengths", "1K,2K", "--depths", "0,100",
                      "--variant", "single", "--bench-concurrency", "1", "--bench-requests", "1",
                      "--bench-tokens", "16", "--timeout", "20", "--probe-first-token-timeout", "5",
                      "--probe-stall-timeout", "3", "--churn-lengths", "1K,4K", "--admission-limit", "4", *extra])

@@ -11,6 +11,7 @@ import pytest
 from pdstack import cli
 from pdstack.controller import inventory, smoke, smoke_settings
 from pdstack.errors import InventoryError
+from pdstack.testing.sim import vocab
 
 
 @pytest.mark.parametrize("inv", ["inventory/production", "inventory/local", "inventory/test/one-host",
@@ -20,6 +21,9 @@ def test_every_inventory_sets_a_smoke_gate(inv):
     s = smoke_settings.from_deployment(dep)
     assert s["min_horizon"] > 0 and s["baseline"] and 0 < s["tolerance"] < 1
     assert s["min_horizon"] in s["lengths"]  # the gate is a grid point, so "within one grid step" holds
+    # a tokenizer is named: the model's in production, the sim test engine's where the inventory deploys the sim
+    assert s["tokenizer"] == ("/srv/models/DeepSeek-V4-Flash-NVFP4" if inv == "inventory/production"
+                              else str(vocab.TOKENIZER_DIR)), s["tokenizer"]
     assert max(s["bench_concurrency"]) <= max(dep.router["admission"]["max_concurrent_requests"], 8)
 
 
@@ -105,3 +109,13 @@ def test_smoke_loads_the_inventory_once(tmp_path, monkeypatch):
     (kw,) = runs
     assert kw["min_horizon"] == dep.smoke["min_horizon"] and kw["agent"]["model"] == dep.model["served_name"]
     assert kw["agent"]["admission_limit"] == dep.router["admission"]["max_concurrent_requests"]
+
+
+@pytest.mark.parametrize("command", ["smoke", "recall"])
+def test_no_tokenizer_is_a_usage_error_naming_the_setting(command, tmp_path, capsys):
+    """The tools build prompts to exact token counts with the model's tokenizer: there is no silent default."""
+    argv = [command, "--url", "http://127.0.0.1:9"] + (["--out", str(tmp_path / "out")] if command == "smoke" else [])
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no tokenizer: give --tokenizer DIR (pdstack_smoke.tokenizer with -i)" in err, err
+    assert not (tmp_path / "out").exists()

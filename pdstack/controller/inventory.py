@@ -292,8 +292,8 @@ SMOKE = Schema("pdstack_smoke", {
     "concurrency": Field((int,), "recall requests in flight; default: the router's max_concurrent_requests "
                          "(4 when admission is off)", default=None, check=_positive),
     "timeout_s": Field((int, float), "seconds per smoke request", default=300, check=_positive),
-    "tokenizer": Field((str,), "directory on the controller with the model's tokenizer.json; unset: the sim "
-                       "test engine's", default=None),
+    "tokenizer": Field((str,), "directory on the controller with the model's tokenizer.json (the smoke tools "
+                       "need one; the sim test engine's is pdstack/testing/sim/tokenizer)", default=None),
     "bench": Field((dict,), "the throughput check", default=dict, schema=SMOKE_BENCH),
 })
 

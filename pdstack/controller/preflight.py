@@ -630,6 +630,9 @@ def _smoke_problems(dep: Deployment, p: list[str]) -> None:
     if sm["min_horizon"] > max(lengths):
         p.append(f"pdstack_smoke.min_horizon: {sm['min_horizon']} is beyond the longest recall length "
                  f"{max(lengths)}, so the gate can never pass; lower it or add a longer length to grid.lengths")
+    if not sm.get("tokenizer"):
+        p.append("pdstack_smoke.tokenizer: unset, and the smoke gate builds its prompts with the model's tokenizer; "
+                 "set it to the model's tokenizer directory on the controller (or pdstack_smoke.enabled: false)")
 
 
 def gpu_numa_node(facts: dict, gpus: list[int]) -> set[int]:

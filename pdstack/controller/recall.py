@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pdstack.controller import apikey, results
-from pdstack.controller.smoke_settings import DEFAULTS, list_type
+from pdstack.controller.smoke_settings import DEFAULTS, NO_TOKENIZER, list_type
 
 RETRIES = 3  # retries of a 429/408 refusal
 MAX_NEW_TOKENS = 32  # answer length cap
@@ -410,7 +410,8 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depths", type=_depth_list, default=d["depths"],
                    help=f"needle depths in %% of the document (default {','.join(f'{x:g}' for x in d['depths'])})")
     p.add_argument("--tokenizer", default=d["tokenizer"],
-                   help="directory with the model's tokenizer.json (default: the sim test engine's)")
+                   help="directory with the model's tokenizer.json (required: the model's own; for the sim test "
+                        "engine pdstack/testing/sim/tokenizer)")
     p.add_argument("--variant", choices=("single", "multi", "both"), default=d["variant"],
                    help=f"single needle, multi-needle (--needles per prompt), or both (default {d['variant']})")
     p.add_argument("--needles", type=int, default=d["needles"],
@@ -434,6 +435,9 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     variants = ["single", "multi"] if args.variant == "both" else [args.variant]
+    if not args.tokenizer:
+        print(f"pdstack recall: {NO_TOKENIZER}", file=sys.stderr)
+        return 2
     try:
         report = run_recall(args.url, lengths=args.lengths, depths=args.depths, tokenizer=args.tokenizer,
                             variants=variants, needles=args.needles, concurrency=args.concurrency,

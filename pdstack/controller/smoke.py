@@ -95,7 +95,8 @@ def register(p: argparse.ArgumentParser) -> None:
                    help=f"recall lengths (default {','.join(map(recall._k, d['lengths']))})")
     p.add_argument("--depths", type=recall._depth_list,
                    help=f"recall depths, %% (default {','.join(f'{x:g}' for x in d['depths'])})")
-    p.add_argument("--tokenizer", help="directory with the model's tokenizer.json (default: the sim's)")
+    p.add_argument("--tokenizer", help="directory with the model's tokenizer.json (default: the inventory's "
+                                        "pdstack_smoke.tokenizer; one is required)")
     p.add_argument("--variant", choices=("single", "multi", "both"), help=f"needle variants (default {d['variant']})")
     p.add_argument("--needles", type=int, help=f"needles per prompt, multi variant (default {d['needles']})")
     p.add_argument("--concurrency", type=int,
@@ -149,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = settings(args, dep)
     variants = ["single", "multi"] if cfg["variant"] == "both" else [cfg["variant"]]
     agent = agent_gates.settings_from_deployment(dep) if dep is not None else {}
+    if not cfg["tokenizer"]:
+        print(f"pdstack smoke: {smoke_settings.NO_TOKENIZER}", file=sys.stderr)
+        return 2
     agent.update({k: v for k, v in {"tools": args.tools, "reasoning": args.reasoning, "churn": args.churn,
                                     "churn_lengths": args.churn_lengths, "admission_limit": args.admission_limit,
                                     "model": args.model}.items() if v is not None})
