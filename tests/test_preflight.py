@@ -785,14 +785,47 @@ def test_a_flag_the_planner_starts_rendering_is_owned_without_a_table_entry(inv:
 
 
 def test_every_fixed_listener_names_a_real_role_default():
-    # The port list reads roles/<role>/defaults/main.yml; a renamed role or variable would silently fall back.
+    # The port list reads roles/<role>/defaults/main.yml, with no fallback: a renamed role or variable is an error.
     import re
 
-    from pdstack.controller import rules
-
     src = (ROOT / "pdstack" / "controller" / "preflight.py").read_text()
-    fixed = re.findall(r'_fixed\("(\w+)", "(\w+)", (\d+),', src)
+    fixed = re.findall(r'_fixed\("(\w+)", "(\w+)",', src)
     assert len(fixed) >= 4, fixed
-    for role, key, port in fixed:
+    for role, key in fixed:
         assert rules.role_default(role, key) is not None, f"roles/{role}/defaults/main.yml has no {key}"
-        assert rules.role_port(role, key, -1) == int(port), (role, key)
+        assert 1024 <= rules.role_port(role, key) <= 65535, (role, key)
+    with pytest.raises(ValueError, match="roles/node_exporter/defaults/main.yml: node_exporter_portt is None"):
+        rules.role_port("node_exporter", "node_exporter_portt")
+
+
+def test_exporter_ports_have_one_source_the_role_defaults(inv: Path):
+    """9100 (node_exporter) and 9400 (dcgm-exporter) are written once, in their roles' defaults; preflight's port
+    check, scrape.py's defaults, the plan and the prometheus role's scrape ports all read them and agree."""
+    import re
+
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    from pdstack.controller.monitoring import scrape
+
+    ne = rules.role_port("node_exporter", "node_exporter_port")
+    dc = rules.role_port("dcgm_exporter", "dcgm_exporter_port")
+    assert (ne, dc) == (9100, 9400)
+    assert (scrape.NODE_EXPORTER_PORT, scrape.DCGM_EXPORTER_PORT) == (ne, dc)
+    by_what = {c.what: c.port for c in preflight.listeners(inventory.load(inv))}
+    assert (by_what["node_exporter"], by_what["dcgm-exporter"]) == (ne, dc)
+    mon = plan(inv).to_dict()["monitoring"]
+    assert (mon["node_exporter_port"], mon["dcgm_exporter_port"]) == (ne, dc)
+    defaults = yaml.safe_load((ROOT / "roles" / "prometheus" / "defaults" / "main.yml").read_text())
+    t = Templar(loader=DataLoader(), variables={"prometheus_plan": {"monitoring": mon}})
+    assert [int(t.template(trust_as_template(defaults[k]))) for k in ("prometheus_node_exporter_port",
+                                                   "prometheus_dcgm_exporter_port")] == [ne, dc]
+    # nowhere else are they written (the 9400 after dcgm-exporter's -p is the port inside its container)
+    spelled = []
+    for f in [*(ROOT / "pdstack").rglob("*.py"), *(ROOT / "roles").glob("*/defaults/*.yml"),
+              *(ROOT / "roles").glob("*/tasks/*.yml"), *(ROOT / "roles").rglob("*.j2")]:
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            if re.search(r"\b(9100|9400)\b", line.replace("}}:9400 ", "}}:CONTAINER ")):
+                spelled.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert sorted(spelled) == ["roles/dcgm_exporter/defaults/main.yml:10: dcgm_exporter_port: 9400",
+                               "roles/node_exporter/defaults/main.yml:10: node_exporter_port: 9100"], spelled

@@ -496,12 +496,17 @@ def _router_problems(dep: Deployment, p: list[str]) -> None:
 # inventory variable that moved onto their port.
 
 
-def _fixed(role: str, key: str, port: int, what: str, hosts, privileged_ok: bool = False):
+def _fixed(role: str, key: str, what: str, hosts):
+    """A service pdstack installs, on its role's default port (roles/<role>/defaults/main.yml, the one source)."""
     def claims(dep: Deployment) -> list[rules.Listener]:
-        n = rules.role_port(role, key, port) if role else port
-        var = f"{key} (roles/{role}/defaults)" if role else key
-        return [rules.Listener(h, n, var, what, privileged_ok) for h in hosts(dep)]
+        n = rules.role_port(role, key)
+        return [rules.Listener(h, n, f"{key} (roles/{role}/defaults)", what) for h in hosts(dep)]
     return claims
+
+
+def _sshd(dep: Deployment) -> list[rules.Listener]:
+    return [rules.Listener(h, 22, "sshd", "sshd (Ansible reaches the host there)", privileged_ok=True)
+            for h in dep.hosts]
 
 
 def _all_hosts(dep: Deployment) -> list[str]:
@@ -542,11 +547,11 @@ def _router_listeners(dep: Deployment) -> list[rules.Listener]:
 
 
 LISTENERS = [
-    _fixed("", "sshd", 22, "sshd (Ansible reaches the host there)", _all_hosts, privileged_ok=True),
-    _fixed("node_exporter", "node_exporter_port", 9100, "node_exporter", _all_hosts),
-    _fixed("prometheus", "prometheus_listen", 9090, "Prometheus", _monitoring_hosts),
-    _fixed("grafana", "grafana_port", 3000, "Grafana", _monitoring_hosts),
-    _fixed("dcgm_exporter", "dcgm_exporter_port", 9400, "dcgm-exporter", _gpu_hosts),
+    _sshd,
+    _fixed("node_exporter", "node_exporter_port", "node_exporter", _all_hosts),
+    _fixed("prometheus", "prometheus_listen", "Prometheus", _monitoring_hosts),
+    _fixed("grafana", "grafana_port", "Grafana", _monitoring_hosts),
+    _fixed("dcgm_exporter", "dcgm_exporter_port", "dcgm-exporter", _gpu_hosts),
     _server_listeners,
     _router_listeners,
 ]

@@ -196,11 +196,13 @@ def role_default(role: str, key: str) -> Any:
         return None
 
 
-def role_port(role: str, key: str, fallback: int) -> int:
+def role_port(role: str, key: str) -> int:
+    """The port of a role's default `key` (a port, or host:port): the one source of the fixed ports of services
+    pdstack installs (node_exporter, dcgm-exporter, Prometheus, Grafana); everything else reads it from here."""
     v = role_default(role, key)
     if isinstance(v, str) and ":" in v:
         v = v.rsplit(":", 1)[1]
     try:
         return int(v)
     except (TypeError, ValueError):
-        return fallback
+        raise ValueError(f"roles/{role}/defaults/main.yml: {key} is {v!r}, not a port") from None
