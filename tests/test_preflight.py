@@ -789,11 +789,16 @@ def test_every_fixed_listener_names_a_real_role_default():
     import re
 
     src = (ROOT / "pdstack" / "controller" / "preflight.py").read_text()
-    fixed = re.findall(r'_fixed\("(\w+)", "(\w+)",', src)
-    assert len(fixed) >= 4, fixed
-    for role, key in fixed:
+    fixed = re.findall(r'_fixed\("(\w+)",', src)
+    assert sorted(fixed) == sorted(inventory.ROLE_PORT_VARS), fixed
+    for key, role in inventory.ROLE_PORT_VARS.items():
         assert rules.role_default(role, key) is not None, f"roles/{role}/defaults/main.yml has no {key}"
         assert 1024 <= rules.role_port(role, key) <= 65535, (role, key)
+    # the preflight role hands these variables to the planner (and so to this check) with the pdstack_* ones
+    resolved = (ROOT / "roles" / "preflight" / "tasks" / "resolved.yml").read_text()
+    wanted = re.search(r"__preflight_wanted: '(.*)'", resolved).group(1)
+    assert all(re.match(wanted, k) for k in inventory.ROLE_PORT_VARS), wanted
+    assert not re.match(wanted, "node_exporter_textfile_dir")
     with pytest.raises(ValueError, match="roles/node_exporter/defaults/main.yml: node_exporter_portt is None"):
         rules.role_port("node_exporter", "node_exporter_portt")
 
@@ -829,3 +834,42 @@ def test_exporter_ports_have_one_source_the_role_defaults(inv: Path):
                 spelled.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()}")
     assert sorted(spelled) == ["roles/dcgm_exporter/defaults/main.yml:10: dcgm_exporter_port: 9400",
                                "roles/node_exporter/defaults/main.yml:10: node_exporter_port: 9100"], spelled
+
+
+MONITORING = "group_vars/all/monitoring.yml"
+
+
+def _listener(dep, what: str) -> dict[str, tuple]:
+    return {c.host: (c.port, c.variable) for c in preflight.listeners(dep) if c.what == what}
+
+
+def test_preflight_checks_the_ports_the_inventory_moves(inv: Path):
+    """A port the inventory moves (group_vars or host_vars) is the one checked and the one the plan uses; the
+    role's default port is then free."""
+    _edit(inv, MONITORING, lambda d: d.update(node_exporter_port=9200, grafana_port="3300"))
+    dep = inventory.load(inv)
+    assert _listener(dep, "node_exporter") == {"gpu01": (9200, "node_exporter_port (inventory, host gpu01)")}
+    assert _listener(dep, "Grafana") == {"gpu01": (3300, "grafana_port (inventory, host gpu01)")}
+    assert _listener(dep, "dcgm-exporter") == {"gpu01": (9400, "dcgm_exporter_port (roles/dcgm_exporter/defaults)")}
+    assert plan(inv).monitoring["node_exporter_port"] == 9200  # what the prometheus role scrapes
+    # a server on the old default port is fine now; one on the moved port clashes, naming where it was moved
+    _edit(inv, SERVERS, servers(lambda s: s[1]["ports"].update(http=9100)))
+    assert plan(inv).servers[1].ports["http"] == 9100
+    _edit(inv, SERVERS, servers(lambda s: s[1]["ports"].update(http=9200)))
+    with pytest.raises(InventoryError, match=r"decode-0\).ports.http: port 9200 on host gpu01 is already taken by "
+                                             r"node_exporter_port \(inventory, host gpu01\) \(node_exporter\)"):
+        plan(inv)
+
+
+def test_a_moved_port_that_is_not_a_port_or_differs_by_host_is_refused(inv: Path):
+    _edit(inv, MONITORING, lambda d: d.update(prometheus_listen="0.0.0.0:http"))
+    with pytest.raises(InventoryError, match=r"prometheus_listen \(inventory, host gpu01\): '0.0.0.0:http' is not a "
+                                             r"TCP port"):
+        plan(inv)
+    (inv / MONITORING).write_text("{}\n")
+    two_hosts()(inv)
+    _edit(inv, "host_vars/gpu02/monitoring.yml", lambda d: d.update(node_exporter_port=9200))
+    with pytest.raises(InventoryError, match=r"node_exporter_port: differs between hosts \(gpu01 9100, gpu02 9200\), "
+                                             r"but Prometheus scrapes one port on every host; set it once in "
+                                             r"group_vars/all"):
+        plan(inv)

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdstack.controller import flags, inventory, preflight, rules
+from pdstack.controller import flags, inventory, preflight
 from pdstack.controller.inventory import Deployment
 from pdstack.controller.monitoring import DATASOURCE_UID, FOLDER
 from pdstack.errors import FactsError, InventoryError
@@ -359,10 +359,9 @@ def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fal
 
 
 def exporter_ports(dep: Deployment) -> dict[str, int]:
-    """The ports Prometheus scrapes the exporters on (every host: node_exporter; GPU hosts: dcgm-exporter): their
-    roles' defaults, the one source (rules.role_port)."""
-    return {"node_exporter_port": rules.role_port("node_exporter", "node_exporter_port"),
-            "dcgm_exporter_port": rules.role_port("dcgm_exporter", "dcgm_exporter_port")}
+    """The ports Prometheus scrapes the exporters on (every host: node_exporter; GPU hosts: dcgm-exporter): the
+    inventory's node_exporter_port / dcgm_exporter_port, else their roles' defaults (the one source)."""
+    return {k: preflight.scraped_port(dep, k) for k in ("node_exporter_port", "dcgm_exporter_port")}
 
 
 def render_text(plan: Plan) -> str:

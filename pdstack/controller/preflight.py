@@ -496,11 +496,11 @@ def _router_problems(dep: Deployment, p: list[str]) -> None:
 # inventory variable that moved onto their port.
 
 
-def _fixed(role: str, key: str, what: str, hosts):
-    """A service pdstack installs, on its role's default port (roles/<role>/defaults/main.yml, the one source)."""
+def _fixed(key: str, what: str, hosts):
+    """A service pdstack installs, on the port the plan will use: the inventory's `key` for that host when it sets
+    one (group_vars or host_vars), else its role's default (roles/<role>/defaults/main.yml, the one source)."""
     def claims(dep: Deployment) -> list[rules.Listener]:
-        n = rules.role_port(role, key)
-        return [rules.Listener(h, n, f"{key} (roles/{role}/defaults)", what) for h in hosts(dep)]
+        return [rules.Listener(h, *dep.service_port(h, key), what) for h in hosts(dep)]
     return claims
 
 
@@ -548,10 +548,10 @@ def _router_listeners(dep: Deployment) -> list[rules.Listener]:
 
 LISTENERS = [
     _sshd,
-    _fixed("node_exporter", "node_exporter_port", "node_exporter", _all_hosts),
-    _fixed("prometheus", "prometheus_listen", "Prometheus", _monitoring_hosts),
-    _fixed("grafana", "grafana_port", "Grafana", _monitoring_hosts),
-    _fixed("dcgm_exporter", "dcgm_exporter_port", "dcgm-exporter", _gpu_hosts),
+    _fixed("node_exporter_port", "node_exporter", _all_hosts),
+    _fixed("prometheus_listen", "Prometheus", _monitoring_hosts),
+    _fixed("grafana_port", "Grafana", _monitoring_hosts),
+    _fixed("dcgm_exporter_port", "dcgm-exporter", _gpu_hosts),
     _server_listeners,
     _router_listeners,
 ]
@@ -561,11 +561,27 @@ def listeners(dep: Deployment) -> list[rules.Listener]:
     return [claim for entry in LISTENERS for claim in entry(dep)]
 
 
+def scraped_port(dep: Deployment, key: str) -> Any:
+    """The one port Prometheus scrapes an exporter on (node_exporter_port on every host, dcgm_exporter_port on the
+    GPU hosts): the inventory's value, else the role's default. Preflight refuses values that differ by host."""
+    hosts = _gpu_hosts(dep) if key == "dcgm_exporter_port" else _all_hosts(dep)
+    return dep.service_port(hosts[0], key)[0] if hosts else rules.role_port(inventory.ROLE_PORT_VARS[key], key)
+
+
+def _scraped_port_problems(dep: Deployment, p: list[str]) -> None:
+    for key, hosts in (("node_exporter_port", _all_hosts(dep)), ("dcgm_exporter_port", _gpu_hosts(dep))):
+        ports = {h: dep.service_port(h, key)[0] for h in hosts}
+        if len({repr(v) for v in ports.values()}) > 1:
+            p.append(f"{key}: differs between hosts ({', '.join(f'{h} {v}' for h, v in ports.items())}), but "
+                     "Prometheus scrapes one port on every host; set it once in group_vars/all")
+
+
 def _port_problems(dep: Deployment, p: list[str]) -> None:
+    _scraped_port_problems(dep, p)
     used: dict[tuple[str, int], rules.Listener] = {}
     for c in listeners(dep):
-        if not 1 <= c.port <= 65535:
-            p.append(f"{c.variable}: {c.port} is not a TCP port (1-65535)")
+        if not isinstance(c.port, int) or isinstance(c.port, bool) or not 1 <= c.port <= 65535:
+            p.append(f"{c.variable}: {c.port!r} is not a TCP port (1-65535)")
             continue
         if c.port < rules.PRIVILEGED_BELOW and not c.privileged_ok:
             p.append(f"{c.variable}: port {c.port} is privileged (< {rules.PRIVILEGED_BELOW}; system services live "
