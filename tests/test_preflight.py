@@ -261,16 +261,14 @@ CASES = [
       ["extra_args.json-model-override-args", "takes JSON", "not valid JSON", "YAML mapping"]),
     C("json-with-space-in-string", SERVERS, extra_kv(0, "json-model-override-args", {"architectures": ["A B"]}),
       ["extra_args.json-model-override-args", "whitespace", "systemd unit"]),
-    C("value-with-space", SERVERS, extra_kv(0, "tokenizer-path", "/models/my tokenizer"),
-      ["extra_args.tokenizer-path", "contains whitespace", "change the value"]),
-    C("value-with-dollar", SERVERS, extra_kv(0, "tokenizer-path", "/models/$HOME"),
-      ["extra_args.tokenizer-path", "'$'", "systemd expands it"]),
-    C("value-with-newline", SERVERS, extra_kv(1, "tokenizer-path", "/models/a\nExecStartPre=/bin/sh"),
-      ["extra_args.tokenizer-path", "whitespace"]),
-    C("value-with-quote", SERVERS, extra_kv(1, "tokenizer-path", "/models/it's"),
-      ["extra_args.tokenizer-path", "single quote"]),
-    C("value-with-backslash", SERVERS, extra_kv(1, "tokenizer-path", "/models/a\\b"),
-      ["extra_args.tokenizer-path", "backslash"]),
+    # a value a unit cannot carry as it is (tokenizer-path stands for any flag): server, value, the message
+    *(C(f"value-with-{what}", SERVERS, extra_kv(i, "tokenizer-path", value), ["extra_args.tokenizer-path", *msg])
+      for what, i, value, msg in [
+          ("space", 0, "/models/my tokenizer", ["contains whitespace", "change the value"]),
+          ("dollar", 0, "/models/$HOME", ["'$'", "systemd expands it"]),
+          ("newline", 1, "/models/a\nExecStartPre=/bin/sh", ["whitespace"]),
+          ("quote", 1, "/models/it's", ["single quote"]),
+          ("backslash", 1, "/models/a\\b", ["backslash"])]),
     C("switch-with-value", SERVERS, extra_kv(0, "disable-radix-cache", "yes"),
       ["extra_args.disable-radix-cache", "is a switch and takes no value", "write true"]),
     C("extra-arg-without-value", SERVERS, extra_kv(0, "disable-cuda-graph", None),
@@ -295,16 +293,18 @@ CASES = [
       ["pdstack_router.health_check.endpoint", "starting with '/'", "/health"]),
 
     # --- env: planner-owned variables, names, values
-    C("env-owns-visible-devices", SERVERS, env(0, "NVIDIA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7"),
-      ["prefill-0).env.NVIDIA_VISIBLE_DEVICES", "the planner sets", "the server's gpus"]),
-    C("env-cuda-visible-devices", SERVERS, env(1, "CUDA_VISIBLE_DEVICES", "0"),
-      ["env.CUDA_VISIBLE_DEVICES", "the planner sets", "gpus"]),
-    C("env-owns-bf16-index-k", SERVERS, env(1, "PDSTACK_DSV4_BF16_INDEX_K", "0"),
-      ["decode-0).env.PDSTACK_DSV4_BF16_INDEX_K", "pdstack_model.index_k_dtype"]),
-    C("env-owns-pd-timeout", SERVERS, env(0, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "10"),
-      ["env.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "pdstack_pd.bootstrap_timeout_s"]),
-    C("env-owns-sm120-switch", SERVERS, env(0, "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "0"),
-      ["env.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "pdstack_model.gpu_arch"]),
+    # the planner's own variables: server, variable, value, what the message names (the variable first)
+    *(C(name, SERVERS, env(i, var, value), msg) for name, i, var, value, msg in [
+        ("env-owns-visible-devices", 0, "NVIDIA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7",
+         ["prefill-0).env.NVIDIA_VISIBLE_DEVICES", "the planner sets", "the server's gpus"]),
+        ("env-cuda-visible-devices", 1, "CUDA_VISIBLE_DEVICES", "0",
+         ["env.CUDA_VISIBLE_DEVICES", "the planner sets", "gpus"]),
+        ("env-owns-bf16-index-k", 1, "PDSTACK_DSV4_BF16_INDEX_K", "0",
+         ["decode-0).env.PDSTACK_DSV4_BF16_INDEX_K", "pdstack_model.index_k_dtype"]),
+        ("env-owns-pd-timeout", 0, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "10",
+         ["env.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "pdstack_pd.bootstrap_timeout_s"]),
+        ("env-owns-sm120-switch", 0, "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "0",
+         ["env.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "pdstack_model.gpu_arch"])]),
     C("env-bad-name", SERVERS, env(0, "MY-VAR", "1"), ["env.MY-VAR", "not an environment variable name"]),
     C("env-bool-value", SERVERS, env(0, "NCCL_DEBUG_X", True), ["env.NCCL_DEBUG_X", "YAML boolean", 'quote']),
     C("env-mapping-value", SERVERS, env(0, "X", {"a": 1}), ["env.X", "one string"]),
@@ -453,6 +453,8 @@ CASES = [
       ["pdstack_smoke.grid.lengths", "[16000, 32000] reach pdstack_model.context_length 16000"]),
     C("smoke-horizon-unreachable", SMOKE, lambda d: d["pdstack_smoke"].update(min_horizon=64000),
       ["pdstack_smoke.min_horizon", "beyond the longest recall length 32000", "never pass"]),
+    C("smoke-without-tokenizer", SMOKE, lambda d: d["pdstack_smoke"].pop("tokenizer"),
+      ["pdstack_smoke.tokenizer: unset", "the model's tokenizer directory on the controller", "enabled: false"]),
 
     C("smoke-bench-concurrency-not-numbers", SMOKE, lambda d: d["pdstack_smoke"]["bench"].update(concurrency=[1, "a"]),
       ["pdstack_smoke.bench.concurrency", "must be a list of concurrency levels > 0"]),
@@ -783,14 +785,91 @@ def test_a_flag_the_planner_starts_rendering_is_owned_without_a_table_entry(inv:
 
 
 def test_every_fixed_listener_names_a_real_role_default():
-    # The port list reads roles/<role>/defaults/main.yml; a renamed role or variable would silently fall back.
+    # The port list reads roles/<role>/defaults/main.yml, with no fallback: a renamed role or variable is an error.
     import re
 
-    from pdstack.controller import rules
-
     src = (ROOT / "pdstack" / "controller" / "preflight.py").read_text()
-    fixed = re.findall(r'_fixed\("(\w+)", "(\w+)", (\d+),', src)
-    assert len(fixed) >= 4, fixed
-    for role, key, port in fixed:
+    fixed = re.findall(r'_fixed\("(\w+)",', src)
+    assert sorted(fixed) == sorted(inventory.ROLE_PORT_VARS), fixed
+    for key, role in inventory.ROLE_PORT_VARS.items():
         assert rules.role_default(role, key) is not None, f"roles/{role}/defaults/main.yml has no {key}"
-        assert rules.role_port(role, key, -1) == int(port), (role, key)
+        assert 1024 <= rules.role_port(role, key) <= 65535, (role, key)
+    # the preflight role hands these variables to the planner (and so to this check) with the pdstack_* ones
+    resolved = (ROOT / "roles" / "preflight" / "tasks" / "resolved.yml").read_text()
+    wanted = re.search(r"__preflight_wanted: '(.*)'", resolved).group(1)
+    assert all(re.match(wanted, k) for k in inventory.ROLE_PORT_VARS), wanted
+    assert not re.match(wanted, "node_exporter_textfile_dir")
+    with pytest.raises(ValueError, match="roles/node_exporter/defaults/main.yml: node_exporter_portt is None"):
+        rules.role_port("node_exporter", "node_exporter_portt")
+
+
+def test_exporter_ports_have_one_source_the_role_defaults(inv: Path):
+    """9100 (node_exporter) and 9400 (dcgm-exporter) are written once, in their roles' defaults; preflight's port
+    check, scrape.py's defaults, the plan and the prometheus role's scrape ports all read them and agree."""
+    import re
+
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    from pdstack.controller.monitoring import scrape
+
+    ne = rules.role_port("node_exporter", "node_exporter_port")
+    dc = rules.role_port("dcgm_exporter", "dcgm_exporter_port")
+    assert (ne, dc) == (9100, 9400)
+    assert (scrape.NODE_EXPORTER_PORT, scrape.DCGM_EXPORTER_PORT) == (ne, dc)
+    by_what = {c.what: c.port for c in preflight.listeners(inventory.load(inv))}
+    assert (by_what["node_exporter"], by_what["dcgm-exporter"]) == (ne, dc)
+    mon = plan(inv).to_dict()["monitoring"]
+    assert (mon["node_exporter_port"], mon["dcgm_exporter_port"]) == (ne, dc)
+    defaults = yaml.safe_load((ROOT / "roles" / "prometheus" / "defaults" / "main.yml").read_text())
+    t = Templar(loader=DataLoader(), variables={"prometheus_plan": {"monitoring": mon}})
+    assert [int(t.template(trust_as_template(defaults[k]))) for k in ("prometheus_node_exporter_port",
+                                                   "prometheus_dcgm_exporter_port")] == [ne, dc]
+    # nowhere else are they written (the 9400 after dcgm-exporter's -p is the port inside its container)
+    spelled = []
+    for f in [*(ROOT / "pdstack").rglob("*.py"), *(ROOT / "roles").glob("*/defaults/*.yml"),
+              *(ROOT / "roles").glob("*/tasks/*.yml"), *(ROOT / "roles").rglob("*.j2")]:
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            if re.search(r"\b(9100|9400)\b", line.replace("}}:9400 ", "}}:CONTAINER ")):
+                spelled.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert sorted(spelled) == ["roles/dcgm_exporter/defaults/main.yml:10: dcgm_exporter_port: 9400",
+                               "roles/node_exporter/defaults/main.yml:10: node_exporter_port: 9100"], spelled
+
+
+MONITORING = "group_vars/all/monitoring.yml"
+
+
+def _listener(dep, what: str) -> dict[str, tuple]:
+    return {c.host: (c.port, c.variable) for c in preflight.listeners(dep) if c.what == what}
+
+
+def test_preflight_checks_the_ports_the_inventory_moves(inv: Path):
+    """A port the inventory moves (group_vars or host_vars) is the one checked and the one the plan uses; the
+    role's default port is then free."""
+    _edit(inv, MONITORING, lambda d: d.update(node_exporter_port=9200, grafana_port="3300"))
+    dep = inventory.load(inv)
+    assert _listener(dep, "node_exporter") == {"gpu01": (9200, "node_exporter_port (inventory, host gpu01)")}
+    assert _listener(dep, "Grafana") == {"gpu01": (3300, "grafana_port (inventory, host gpu01)")}
+    assert _listener(dep, "dcgm-exporter") == {"gpu01": (9400, "dcgm_exporter_port (roles/dcgm_exporter/defaults)")}
+    assert plan(inv).monitoring["node_exporter_port"] == 9200  # what the prometheus role scrapes
+    # a server on the old default port is fine now; one on the moved port clashes, naming where it was moved
+    _edit(inv, SERVERS, servers(lambda s: s[1]["ports"].update(http=9100)))
+    assert plan(inv).servers[1].ports["http"] == 9100
+    _edit(inv, SERVERS, servers(lambda s: s[1]["ports"].update(http=9200)))
+    with pytest.raises(InventoryError, match=r"decode-0\).ports.http: port 9200 on host gpu01 is already taken by "
+                                             r"node_exporter_port \(inventory, host gpu01\) \(node_exporter\)"):
+        plan(inv)
+
+
+def test_a_moved_port_that_is_not_a_port_or_differs_by_host_is_refused(inv: Path):
+    _edit(inv, MONITORING, lambda d: d.update(prometheus_listen="0.0.0.0:http"))
+    with pytest.raises(InventoryError, match=r"prometheus_listen \(inventory, host gpu01\): '0.0.0.0:http' is not a "
+                                             r"TCP port"):
+        plan(inv)
+    (inv / MONITORING).write_text("{}\n")
+    two_hosts()(inv)
+    _edit(inv, "host_vars/gpu02/monitoring.yml", lambda d: d.update(node_exporter_port=9200))
+    with pytest.raises(InventoryError, match=r"node_exporter_port: differs between hosts \(gpu01 9100, gpu02 9200\), "
+                                             r"but Prometheus scrapes one port on every host; set it once in "
+                                             r"group_vars/all"):
+        plan(inv)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pdstack.controller import recall
-from pdstack.controller.smoke_settings import SIM_TOKENIZER
 from pdstack.testing.sim import model
+from pdstack.testing.sim.vocab import TOKENIZER_DIR as SIM_TOKENIZER
 
 
 @pytest.fixture(scope="module")

@@ -122,6 +122,27 @@ def wait_serving(router: str, deadline_s: float) -> tuple[int, str]:
         time.sleep(2)
 
 
+def await_watchdog_restart(host: str, before: str | None, watchdog_host: str) -> tuple[float, float]:
+    """(seconds, bound) until the watchdog (on `watchdog_host`) replaced `host`'s wedged pdstack-decode-0 container
+    `before`. README's bound for inventory/test (probe every 5 s, 2 failures before a restart, 5 s first-token
+    deadline) + 15 s for the unit's restart (docker stop/run of the sim); past it the test fails with the journal."""
+    from pdstack.hostside.watchdog import worst_case_restart_s
+
+    wd = yaml.safe_load((ROOT / "inventory/test/common/group_vars/all/watchdog.yml").read_text())
+    bound = worst_case_restart_s(interval_s=wd["watchdog_interval_s"],
+                                 failures_before_restart=wd["watchdog_failures_before_restart"],
+                                 first_token_timeout_s=wd["watchdog_probe_first_token_timeout_s"],
+                                 stall_timeout_s=wd["watchdog_probe_stall_timeout_s"], servers=2)
+    wedged = time.monotonic()
+    while time.monotonic() < wedged + bound + 15:
+        cur = container_id(host, "pdstack-decode-0")
+        if cur and cur != before:
+            return time.monotonic() - wedged, bound
+        time.sleep(1)
+    journal = sh(watchdog_host, "journalctl", "-u", "pdstack-watchdog", "-n", "30", "--no-pager").stdout
+    pytest.fail(f"the watchdog on {watchdog_host} did not restart decode on {host} within {bound} + 15 s:\n{journal}")
+
+
 def broken_copy(tmp_path: Path, layout: str, edit) -> Path:
     inv = tmp_path / layout
     shutil.copytree(ROOT / "inventory" / "test" / layout, inv, symlinks=False)
@@ -322,25 +343,8 @@ def test_watchdog_unwedges_decode_while_health_says_200(one_host, hosts):
     assert code == 200, body
     with urllib.request.urlopen(f"{decode}/health", timeout=10) as r:
         assert r.status == 200  # the wedge /health does not see
-    # inventory/test: probe every 5 s, 2 failures before a restart, 5 s first-token deadline: README's bound
-    from pdstack.hostside.watchdog import worst_case_restart_s
-
-    wd = yaml.safe_load((ROOT / "inventory/test/common/group_vars/all/watchdog.yml").read_text())
-    bound = worst_case_restart_s(interval_s=wd["watchdog_interval_s"],
-                                 failures_before_restart=wd["watchdog_failures_before_restart"],
-                                 first_token_timeout_s=wd["watchdog_probe_first_token_timeout_s"],
-                                 stall_timeout_s=wd["watchdog_probe_stall_timeout_s"], servers=2)
-    wedged = time.monotonic()
-    end = wedged + bound + 15  # + the unit's restart (docker stop/run of the sim)
-    while time.monotonic() < end:
-        cur = container_id("pdstack-test-1", "pdstack-decode-0")
-        if cur and cur != before:
-            break
-        time.sleep(1)
-    else:
-        journal = sh("pdstack-test-1", "journalctl", "-u", "pdstack-watchdog", "-n", "30", "--no-pager").stdout
-        pytest.fail(f"the watchdog did not restart decode within {bound} + 15 s:\n{journal}")
-    print(f"wedge -> new decode container: {time.monotonic() - wedged:.1f} s (bound {bound} + 15 s)")
+    took, bound = await_watchdog_restart("pdstack-test-1", before, watchdog_host="pdstack-test-1")
+    print(f"wedge -> new decode container: {took:.1f} s (bound {bound} + 15 s)")
     code, body = wait_serving(router, 90)
     assert code == 200, body
     journal = sh("pdstack-test-1", "journalctl", "-u", "pdstack-watchdog", "--no-pager").stdout
@@ -431,25 +435,10 @@ def test_three_host_layout_serves_across_hosts(hosts):
     denied = sh("pdstack-test-3", *ssh, "restart", "ssh.service")
     assert denied.returncode == 2, denied.stderr
     # a wedged decode on host 2 (its /health still 200) is found and restarted from host 3 within the bound
-    from pdstack.hostside.watchdog import worst_case_restart_s
-
-    wd = yaml.safe_load((ROOT / "inventory/test/common/group_vars/all/watchdog.yml").read_text())
-    bound = worst_case_restart_s(interval_s=wd["watchdog_interval_s"],
-                                 failures_before_restart=wd["watchdog_failures_before_restart"],
-                                 first_token_timeout_s=wd["watchdog_probe_first_token_timeout_s"],
-                                 stall_timeout_s=wd["watchdog_probe_stall_timeout_s"], servers=2)
     before = container_id("pdstack-test-2", "pdstack-decode-0")
     code, body = post(f"http://{hosts['pdstack-test-2']}:30001/_sim/fault", {"wedge_decode": True})
     assert code == 200, body
-    wedged = time.monotonic()
-    while time.monotonic() < wedged + bound + 15:
-        cur = container_id("pdstack-test-2", "pdstack-decode-0")
-        if cur and cur != before:
-            break
-        time.sleep(1)
-    else:
-        journal = sh("pdstack-test-3", "journalctl", "-u", "pdstack-watchdog", "-n", "30", "--no-pager").stdout
-        pytest.fail(f"the watchdog on host 3 did not restart decode on host 2 within {bound} + 15 s:\n{journal}")
-    print(f"three hosts: wedge -> new decode container: {time.monotonic() - wedged:.1f} s (bound {bound} + 15 s)")
+    took, bound = await_watchdog_restart("pdstack-test-2", before, watchdog_host="pdstack-test-3")
+    print(f"three hosts: wedge -> new decode container: {took:.1f} s (bound {bound} + 15 s)")
     code, body = wait_serving(f"http://{hosts['pdstack-test-3']}:8000", 90)
     assert code == 200, body

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "sim"))
 from sim_helpers import start_pd  # noqa: E402
 
 from pdstack import cli  # noqa: E402
+from pdstack.testing.sim.vocab import TOKENIZER_DIR  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,8 @@ DECODE_200 = ["--decode-tokens-per-s", "200"]  # so C=1 decode speed is measurab
 
 
 def smoke(url: str, out: Path, min_horizon: int, baseline: float = 200) -> int:
-    return cli.main(["smoke", "--url", url, "--out", str(out), *GRID, "--min-horizon", str(min_horizon),
+    return cli.main(["smoke", "--url", url, "--out", str(out), "--tokenizer", str(TOKENIZER_DIR), *GRID,
+                     "--min-horizon", str(min_horizon),
                      "--baseline", str(baseline), "--tolerance", "0.5", "--bench-concurrency", "1,2",
                      "--bench-requests", "2", "--bench-tokens", "40", "--timeout", "30",
                      "--probe-first-token-timeout", "5", "--probe-stall-timeout", "3", "--no-tools", "--no-churn"])
@@ -66,12 +68,12 @@ def test_no_collapse_passes_and_keeps_every_file(tmp_path, capsys):
     assert summary["failed"] == ["bench"], summary
 
 
-def smoke_phase(tmp_path: Path, router_url: str, *extra: str) -> subprocess.CompletedProcess:
+def smoke_phase(tmp_path: Path, router_url: str, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """The smoke role as a deploy runs it (tests/playbooks/smoke_phase.yml) for inventory/test/one-host."""
     xv = {"smoke_plan": {"router": {"host": "localhost", "url": router_url}}, "smoke_router_url": router_url,
           "preflight_state_dir": str(tmp_path / "state"), "smoke_results_dir": str(tmp_path / "smoke")}
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-           "ANSIBLE_NOCOLOR": "1"}
+           "ANSIBLE_NOCOLOR": "1", **(env or {})}
     return subprocess.run([str(BIN / "ansible-playbook"), "tests/playbooks/smoke_phase.yml", "-i",
                            "inventory/test/one-host", "-e", json.dumps(xv), *extra], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -89,8 +91,9 @@ def test_extra_vars_reach_the_gate(tmp_path):
         assert r.returncode != 0, r.stdout[-4000:]
         assert "recall  FAIL  horizon 2000 tokens (min 4000; grid 1K..4K x 3 depths)" in r.stdout, r.stdout[-4000:]
         # the same deploy with a smaller grid and gate given with -e: it runs that grid, and passes
-        xs = {"pdstack_smoke": {"min_horizon": 2000, "grid": {"lengths": [1000, 2000], "depths": [0, 100],
-                                                              "variant": "single"},
+        # (an extra var replaces the whole pdstack_smoke, so it names the tokenizer too)
+        xs = {"pdstack_smoke": {"min_horizon": 2000, "tokenizer": str(TOKENIZER_DIR),
+                                "grid": {"lengths": [1000, 2000], "depths": [0, 100], "variant": "single"},
                                 "bench": {"concurrency": [1], "requests": 1, "max_new_tokens": 16}}}
         r = smoke_phase(tmp_path, s.router.url, "-e", json.dumps(xs))
         assert r.returncode == 0, r.stdout[-4000:]
@@ -99,3 +102,29 @@ def test_extra_vars_reach_the_gate(tmp_path):
     rec = json.loads((latest / "recall.json").read_text())
     assert (rec["lengths"], rec["depths"], rec["variants"]) == ([1000, 2000], [0, 100], ["single"])
     assert json.loads((latest / "bench.json").read_text())["levels"][0]["requests"] == 1
+
+
+def test_the_smoke_role_hands_the_front_door_key_over_unlogged(tmp_path):
+    """With frontdoor_api_key set, the smoke role's wait and every gate pass through the real HAProxy that requires
+    the key; the key is in no output even at -vvv, and its file is gone after the run."""
+    from pdstack.testing.sim.launch import FrontDoorProcess
+
+    key = "sm0ke-r0le-s3cret"
+    parsers = ["--tool-call-parser", "deepseekv4", "--reasoning-parser", "deepseek-v4"]
+    stack, s = start_pd(tmp_path, sim_extra=parsers, decode_extra=["--recall-horizon", "0"])
+    with stack:
+        fd = stack.enter_context(FrontDoorProcess(s.router, tmp_path, api_key=key)).start()
+        tmp = tmp_path / "tmp"
+        tmp.mkdir()
+        xs = {"frontdoor_api_key": key,
+              "pdstack_smoke": {"min_horizon": 2000, "tokenizer": str(TOKENIZER_DIR),
+                                "grid": {"lengths": [1000, 2000], "depths": [0, 100], "variant": "single"},
+                                "bench": {"concurrency": [1], "requests": 1, "max_new_tokens": 16}}}
+        r = smoke_phase(tmp_path, fd.url, "-vvv", "-e", json.dumps(xs), env={"TMPDIR": str(tmp)})
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, r.stdout[-4000:]
+        for gate in ("probe", "recall", "bench", "tools", "churn"):
+            assert f"{gate:<7} PASS" in r.stdout, (gate, r.stdout[-4000:])
+        assert key not in out
+        assert "PDSTACK_API_KEY_FILE" in out  # its path went by the environment, the key did not
+        assert not list(tmp.glob("pdstack-smoke-*")), list(tmp.iterdir())

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "sim"))
 from sim_helpers import start_pd  # noqa: E402
 
 from pdstack import cli  # noqa: E402
+from pdstack.testing.sim.vocab import TOKENIZER_DIR  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +24,8 @@ ADMISSION = ["--max-concurrent-requests", "4", "--queue-size", "8", "--queue-tim
 
 
 def smoke(url: str, out: Path, *extra: str) -> int:
-    return cli.main(["smoke", "--url", url, "--out", str(out), "--lengths", "1K,2K", "--depths", "0,100",
+    return cli.main(["smoke", "--url", url, "--out", str(out), "--tokenizer", str(TOKENIZER_DIR),
+                     "--lengths", "1K,2K", "--depths", "0,100",
                      "--variant", "single", "--bench-concurrency", "1", "--bench-requests", "1",
                      "--bench-tokens", "16", "--timeout", "20", "--probe-first-token-timeout", "5",
                      "--probe-stall-timeout", "3", "--churn-lengths", "1K,4K", "--admission-limit", "4", *extra])
@@ -44,23 +46,22 @@ def test_agent_gates_pass_then_each_fault_fails_its_gate(tmp_path, capsys):
         assert "tools   PASS" in out and "churn   PASS" in out
         print(f"smoke phase with agent gates: {took:.1f} s", file=sys.stderr)
 
-        s.decode.fault(malformed_tool_args=True)
-        rc = smoke(s.router.url, tmp_path / "bad-args", "--no-churn")
-        s.decode.fault(malformed_tool_args=None)
-        out = capsys.readouterr().out
-        assert rc == 1
-        summary = json.loads((tmp_path / "bad-args" / "summary.json").read_text())
-        assert summary["failed"] == ["tools"], summary
-        assert "FAIL (tools)" in out and "do not match the get_weather schema" in out
+        def fails_only(gate: str, fault: str, skip: str, *says: str) -> None:
+            """With decode's `fault` on (and the other agent gate skipped), smoke fails `gate` alone, saying `says`."""
+            s.decode.fault(**{fault: True})
+            try:
+                rc = smoke(s.router.url, tmp_path / fault, skip)
+            finally:
+                s.decode.fault(**{fault: None})
+            out = capsys.readouterr().out
+            assert rc == 1
+            summary = json.loads((tmp_path / fault / "summary.json").read_text())
+            assert summary["failed"] == [gate], summary
+            for text in says:
+                assert text in out, (text, out)
 
-        s.decode.fault(stale_kv=True)
-        rc = smoke(s.router.url, tmp_path / "stale", "--no-tools")
-        s.decode.fault(stale_kv=None)
-        out = capsys.readouterr().out
-        assert rc == 1
-        summary = json.loads((tmp_path / "stale" / "summary.json").read_text())
-        assert summary["failed"] == ["churn"], summary
-        assert "answers changed under churn" in out and "vs under churn" in out
+        fails_only("tools", "malformed_tool_args", "--no-churn", "FAIL (tools)", "do not match the get_weather schema")
+        fails_only("churn", "stale_kv", "--no-tools", "answers changed under churn", "vs under churn")
 
 
 def test_parsers_off_fail_the_tools_gate(tmp_path, capsys):

@@ -229,18 +229,16 @@ def test_worst_case_wedge_to_restart_bound():
     import yaml
 
     root = Path(__file__).resolve().parents[1]
-    d = yaml.safe_load((root / "roles/watchdog/defaults/main.yml").read_text())
-    prod = W.worst_case_restart_s(interval_s=d["watchdog_interval_s"],
-                                  failures_before_restart=d["watchdog_failures_before_restart"],
-                                  first_token_timeout_s=d["watchdog_probe_first_token_timeout_s"],
-                                  stall_timeout_s=d["watchdog_probe_stall_timeout_s"], servers=2)
-    assert prod == 3 * (60 + 5 + 60) + 2 * 5 == 385
-    t = yaml.safe_load((root / "inventory/test/common/group_vars/all/watchdog.yml").read_text())
-    test = W.worst_case_restart_s(interval_s=t["watchdog_interval_s"],
-                                  failures_before_restart=t["watchdog_failures_before_restart"],
-                                  first_token_timeout_s=t["watchdog_probe_first_token_timeout_s"],
-                                  stall_timeout_s=t["watchdog_probe_stall_timeout_s"], servers=2)
-    assert test == 2 * (5 + 5 + 5) + 2 * 5 == 40
+
+    def bound(variables: str) -> float:  # the role's watchdog_* variables as a YAML file sets them
+        v = yaml.safe_load((root / variables).read_text())
+        return W.worst_case_restart_s(interval_s=v["watchdog_interval_s"],
+                                      failures_before_restart=v["watchdog_failures_before_restart"],
+                                      first_token_timeout_s=v["watchdog_probe_first_token_timeout_s"],
+                                      stall_timeout_s=v["watchdog_probe_stall_timeout_s"], servers=2)
+
+    assert bound("roles/watchdog/defaults/main.yml") == 3 * (60 + 5 + 60) + 2 * 5 == 385
+    assert bound("inventory/test/common/group_vars/all/watchdog.yml") == 2 * (5 + 5 + 5) + 2 * 5 == 40
 
 
 def test_restart_unit_forced_command_accepts_only_this_hosts_server_units(tmp_path):

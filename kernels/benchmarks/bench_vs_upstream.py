@@ -518,37 +518,31 @@ def main(argv=None) -> int:
           f"{up.missing}", flush=True)  # fmt: skip
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
+
+    def record(table: str, case: str, bench, *args) -> None:
+        """bench(timer, up, copy_gbs, *args, gen): its row into doc[table] and printed; a failure into doc["errors"]
+        (named `case`), and the run goes on."""
+        try:
+            r = bench(timer, up, copy_gbs, *args, gen)
+            doc[table].append(r)
+            print(json.dumps(r), flush=True)
+        except Exception:
+            doc["errors"].append(f"{case}: {traceback.format_exc()[-1500:]}")
+            print(doc["errors"][-1], flush=True)
+
     if "logits" in a.ops:
         for bsz in a.batch:
             for n in a.n:
-                try:
-                    r = bench_logits_topk(timer, up, copy_gbs, bsz, n, a.ops, gen)
-                    doc["logits_topk"].append(r)
-                    print(json.dumps(r), flush=True)
-                except Exception:
-                    doc["errors"].append(f"B={bsz} N={n}: {traceback.format_exc()[-1500:]}")
-                    print(doc["errors"][-1], flush=True)
+                record("logits_topk", f"B={bsz} N={n}", bench_logits_topk, bsz, n, a.ops)
                 torch.cuda.empty_cache()
     if "mixed" in a.ops:
         for what, bsz, max_len, lens in MIXED_CASES:
-            try:
-                r = bench_mixed(timer, up, copy_gbs, what, bsz, max_len, lens, gen)
-                doc["mixed"].append(r)
-                print(json.dumps(r), flush=True)
-            except Exception:
-                doc["errors"].append(f"mixed {what} B={bsz}: {traceback.format_exc()[-1500:]}")
-                print(doc["errors"][-1], flush=True)
+            record("mixed", f"mixed {what} B={bsz}", bench_mixed, what, bsz, max_len, lens)
             torch.cuda.empty_cache()
     if "store" in a.ops:
         for decode in (True, False):
             for t in a.store_tokens:
-                try:
-                    r = bench_store(timer, up, copy_gbs, t, decode, gen)
-                    doc["store"].append(r)
-                    print(json.dumps(r), flush=True)
-                except Exception:
-                    doc["errors"].append(f"store T={t} decode={decode}: {traceback.format_exc()[-1500:]}")
-                    print(doc["errors"][-1], flush=True)
+                record("store", f"store T={t} decode={decode}", bench_store, t, decode)
     (a.out / "vs_upstream.json").write_text(json.dumps(doc, indent=1))
     md = tables(doc)
     (a.out / "vs_upstream.md").write_text(md)

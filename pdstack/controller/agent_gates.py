@@ -30,15 +30,15 @@ def settings_from_deployment(dep) -> dict:
 
 
 def run_agent_gates(url: str, out: Path, cfg: dict, *, tokenizer: str, timeout: float, gates: dict,
-                    lines: list[str]) -> None:
+                    lines: list[str], headers: dict[str, str] | None = None) -> None:
     cfg = {**DEFAULTS, **{k: v for k, v in cfg.items() if v is not None}}
     if cfg["tools"]:
         print("smoke: tool-call gate ...", file=sys.stderr, flush=True)
         tr = gates_tools.run_tool_gate(url, model=cfg["model"], reasoning=cfg["reasoning"] is not False,
-                                       timeout=timeout)
+                                       timeout=timeout, headers=headers)
         msg = tr.message
         off = [k for k, v in cfg["parsers"].items() if k in cfg["parsers"] and v is None]
-        if not tr.passed and off:
+        if not tr.passed and off and not tr.refused:
             msg += "; the inventory turns " + ", ".join(f"pdstack_model.{k}" for k in off) + " off"
         (out / "tools.json").write_text(json.dumps({**tr.to_dict(), "message": msg}, indent=1) + "\n")
         gates["tools"] = {"passed": tr.passed, "seconds": tr.seconds, "message": msg}
@@ -47,7 +47,7 @@ def run_agent_gates(url: str, out: Path, cfg: dict, *, tokenizer: str, timeout: 
         print("smoke: answers-under-churn gate ...", file=sys.stderr, flush=True)
         cr = churn.run_churn_gate(url, tokenizer=tokenizer, lengths=cfg["churn_lengths"], model=cfg["model"],
                                   admission_limit=cfg["admission_limit"], timeout=timeout,
-                                  rounds=cfg["churn_rounds"])
+                                  rounds=cfg["churn_rounds"], headers=headers)
         (out / "churn.json").write_text(json.dumps(cr.to_dict(), indent=1) + "\n")
         gates["churn"] = {"passed": cr.passed, "seconds": cr.seconds, "message": cr.message,
                           "diffs": cr.diffs}

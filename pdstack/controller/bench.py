@@ -21,7 +21,7 @@ import time
 import urllib.parse
 from dataclasses import asdict, dataclass, field
 
-from pdstack.controller import results
+from pdstack.controller import apikey, results
 from pdstack.controller.smoke_settings import DEFAULTS, list_type
 
 PROMPT = "Write a long story about a river, a mountain and the people of the valley."
@@ -38,7 +38,8 @@ class RequestStats:
     error: str = ""
 
 
-def stream_once(url: str, max_new_tokens: int, timeout: float, prompt: str = PROMPT) -> RequestStats:
+def stream_once(url: str, max_new_tokens: int, timeout: float, prompt: str = PROMPT,
+                headers: dict[str, str] | None = None) -> RequestStats:
     parsed = urllib.parse.urlsplit(url.rstrip("/"))
     conn = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port or 80, timeout=timeout)
     body = {"text": prompt, "stream": True,
@@ -47,11 +48,11 @@ def stream_once(url: str, max_new_tokens: int, timeout: float, prompt: str = PRO
     arrivals: list[tuple[float, int]] = []  # (time, tokens so far)
     try:
         conn.request("POST", (parsed.path or "") + "/generate", body=json.dumps(body),
-                     headers={"Content-Type": "application/json"})
+                     headers={"Content-Type": "application/json", **(headers or {})})
         resp = conn.getresponse()
         if resp.status != 200:
-            return RequestStats(False, error=f"HTTP {resp.status}: {resp.read(200).decode('utf-8', 'replace')}",
-                                e2e_s=time.monotonic() - start)
+            detail = apikey.refused(resp.status, headers) or resp.read(200).decode("utf-8", "replace")
+            return RequestStats(False, error=f"HTTP {resp.status}: {detail}", e2e_s=time.monotonic() - start)
         done = False
         for raw in resp:
             line = raw.decode("utf-8", "replace").strip()
@@ -112,10 +113,11 @@ class Level:
     errors: list[str]
 
 
-def run_level(url: str, concurrency: int, requests: int, max_new_tokens: int, timeout: float) -> Level:
+def run_level(url: str, concurrency: int, requests: int, max_new_tokens: int, timeout: float,
+              headers: dict[str, str] | None = None) -> Level:
     start = time.monotonic()
     with cf.ThreadPoolExecutor(max_workers=concurrency) as pool:
-        stats = list(pool.map(lambda _: stream_once(url, max_new_tokens, timeout), range(requests)))
+        stats = list(pool.map(lambda _: stream_once(url, max_new_tokens, timeout, headers=headers), range(requests)))
     wall = time.monotonic() - start
     good = [s for s in stats if s.ok]
     tps = [s.decode_tps for s in good if s.decode_tps]
@@ -191,13 +193,14 @@ class BenchReport:
 def run_bench(url: str, *, concurrency: list[int], requests: int = DEFAULTS["bench_requests"],
               max_new_tokens: int = DEFAULTS["bench_tokens"], timeout: float = DEFAULTS["timeout"],
               baseline_tps: float | None = DEFAULTS["baseline"], tolerance: float = DEFAULTS["tolerance"],
-              progress=None) -> BenchReport:
+              progress=None, headers: dict[str, str] | None = None) -> BenchReport:
+    """`headers`: sent with every request (the front door's API key, apikey.py)."""
     levels = []
     conc = sorted(set([1, *concurrency]))
     for c in conc:
         if progress:
             progress(f"bench: C={c}, {max(requests, c)} request(s) of {max_new_tokens} tokens")
-        levels.append(run_level(url, c, max(requests, c), max_new_tokens, timeout))
+        levels.append(run_level(url, c, max(requests, c), max_new_tokens, timeout, headers))
     return BenchReport(url=url, max_new_tokens=max_new_tokens, baseline_tps=baseline_tps, tolerance=tolerance,
                        levels=levels)
 
@@ -228,7 +231,8 @@ def register(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     report = run_bench(args.url, concurrency=args.concurrency, requests=args.requests,
                        max_new_tokens=args.max_new_tokens, timeout=args.timeout, baseline_tps=args.baseline,
-                       tolerance=args.tolerance, progress=lambda m: print(m, file=sys.stderr, flush=True))
+                       tolerance=args.tolerance, progress=lambda m: print(m, file=sys.stderr, flush=True),
+                       headers=apikey.from_env())
     print(report.table())
     if args.json:
         print(f"JSON: {results.write_json(args.json, report.to_dict())}")

@@ -22,7 +22,7 @@ import urllib.parse
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pdstack.controller import gates_tools, recall
+from pdstack.controller import apikey, gates_tools, recall
 
 DEFAULT_LENGTHS = [1000, 4000, 16000]
 DISCONNECT_FRACTIONS = (0.2, 0.5, 0.8, 0.95)  # of the victim's alone TTFT: mid-prefill ... mid-transfer
@@ -37,19 +37,24 @@ def _conn(url: str, timeout: float) -> http.client.HTTPConnection:
     return http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
 
 
+def _send(c: http.client.HTTPConnection, body: dict, headers: dict[str, str] | None) -> None:
+    c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json", **(headers or {})})
+
+
 def _chat_body(model: str, prompt: str, max_tokens: int, **extra) -> dict:
     return {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
             "max_tokens": max_tokens, **extra}
 
 
-def answer_of(url: str, body: dict, timeout: float, deadline: float) -> tuple[str, int]:
+def answer_of(url: str, body: dict, timeout: float, deadline: float,
+              headers: dict[str, str] | None = None) -> tuple[str, int]:
     """A greedy answer as one comparable string (content, plus name and arguments of tool calls), and how many
-    times admission refused it first."""
+    times admission refused it first. `headers`: sent with it (the front door's API key)."""
     refused = 0
     while True:
         c = _conn(url, timeout)
         try:
-            c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+            _send(c, body, headers)
             r = c.getresponse()
             raw = r.read().decode("utf-8", "replace")
         finally:
@@ -59,7 +64,7 @@ def answer_of(url: str, body: dict, timeout: float, deadline: float) -> tuple[st
             time.sleep(min(2.0, 0.1 * refused))
             continue
         if r.status != 200:
-            return f"<HTTP {r.status}: {raw[:200]}>", refused
+            return f"<HTTP {r.status}: {apikey.refused(r.status, headers) or raw[:200]}>", refused
         msg = json.loads(raw)["choices"][0]["message"]
         calls = [f"{t['function']['name']}({t['function']['arguments']})" for t in msg.get("tool_calls") or []]
         return (msg.get("content") or "") + ("".join(" -> " + c for c in calls)), refused
@@ -77,12 +82,11 @@ def _has_token(line: bytes) -> bool:
                for k in ("content", "reasoning_content", "tool_calls"))
 
 
-def ttft(url: str, body: dict, timeout: float) -> float:
+def ttft(url: str, body: dict, timeout: float, headers: dict[str, str] | None = None) -> float:
     t0 = time.monotonic()
     c = _conn(url, timeout)
     try:
-        c.request("POST", "/v1/chat/completions", json.dumps({**body, "stream": True}),
-                  {"Content-Type": "application/json"})
+        _send(c, {**body, "stream": True}, headers)
         r = c.getresponse()
         while True:
             line = r.fp.readline()
@@ -95,13 +99,13 @@ def ttft(url: str, body: dict, timeout: float) -> float:
         c.close()
 
 
-def disconnect_after(url: str, body: dict, seconds: float, timeout: float) -> bool:
+def disconnect_after(url: str, body: dict, seconds: float, timeout: float,
+                     headers: dict[str, str] | None = None) -> bool:
     """Send a streamed request and drop the connection after `seconds`; True when no token had come back."""
     c = _conn(url, timeout)
     got_token = False
     try:
-        c.request("POST", "/v1/chat/completions", json.dumps({**body, "stream": True}),
-                  {"Content-Type": "application/json"})
+        _send(c, {**body, "stream": True}, headers)
         c.sock.settimeout(max(0.01, seconds))
         t_end = time.monotonic() + seconds
         try:
@@ -174,16 +178,19 @@ def fixed_prompts(tokenizer: str | Path, lengths: list[int], model: str, max_tok
 
 def run_churn_gate(url: str, *, tokenizer: str | Path, lengths: list[int] | None = None, model: str = "default",
                    admission_limit: int = -1, timeout: float = 120.0, rounds: int = 2, victims: int = 2,
-                   max_tokens: int = 48, seed: int = 0) -> ChurnResult:
+                   max_tokens: int = 48, seed: int = 0, headers: dict[str, str] | None = None) -> ChurnResult:
+    """`headers`: sent with every request (the front door's API key, apikey.py)."""
     t0 = time.monotonic()
     lengths = lengths or DEFAULT_LENGTHS
     prompts = fixed_prompts(tokenizer, lengths, model, max_tokens)
     deadline = t0 + timeout * (len(prompts) * (rounds + 1) + 2)
-    alone = {name: answer_of(url, body, timeout, deadline)[0] for name, body in prompts.items()}
+    alone = {name: answer_of(url, body, timeout, deadline, headers)[0] for name, body in prompts.items()}
     bad = {k: v for k, v in alone.items() if v.startswith("<HTTP")}
     if bad:
+        status = next((st for st in apikey.REFUSED_STATUSES for v in bad.values() if v.startswith(f"<HTTP {st}:")),
+                      None)
         return ChurnResult(False, round(time.monotonic() - t0, 3), alone, {},
-                           problem=f"asked alone, prompts failed: {bad}")
+                           problem=apikey.refused(status, headers) or f"asked alone, prompts failed: {bad}")
 
     rng = random.Random(seed)
     builder = recall.PromptBuilder(recall.TokenCounter(tokenizer), max(lengths))
@@ -193,7 +200,7 @@ def run_churn_gate(url: str, *, tokenizer: str | Path, lengths: list[int] | None
         nonce = " ".join(rng.choice(NONCE_WORDS) for _ in range(16)).capitalize() + ". "
         return _chat_body(model, nonce + builder.build(max(lengths), [vkey], vkey), 64)
 
-    churn = Churn(victim_ttft_s=ttft(url, victim_body(), timeout))
+    churn = Churn(victim_ttft_s=ttft(url, victim_body(), timeout, headers))
     stop = threading.Event()
     lock = threading.Lock()
 
@@ -202,7 +209,7 @@ def run_churn_gate(url: str, *, tokenizer: str | Path, lengths: list[int] | None
         while not stop.is_set():
             frac = DISCONNECT_FRACTIONS[i % len(DISCONNECT_FRACTIONS)]
             i += 1
-            before = disconnect_after(url, victim_body(), frac * churn.victim_ttft_s, timeout)
+            before = disconnect_after(url, victim_body(), frac * churn.victim_ttft_s, timeout, headers)
             with lock:
                 churn.victims_sent += 1
                 churn.victims_aborted_before_first_token += int(before)
@@ -212,7 +219,7 @@ def run_churn_gate(url: str, *, tokenizer: str | Path, lengths: list[int] | None
             body = _chat_body(model, f"Tell a long story {rng.getrandbits(32):x}.", 512)
             c = _conn(url, timeout)
             try:
-                c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+                _send(c, body, headers)
                 r = c.getresponse()
                 r.read()
                 with lock:
@@ -235,7 +242,7 @@ def run_churn_gate(url: str, *, tokenizer: str | Path, lengths: list[int] | None
         time.sleep(min(2.0, max(0.2, churn.victim_ttft_s)))  # let the churn start before the first fixed prompt
         for _ in range(rounds):
             for name, body in prompts.items():
-                ans, refused = answer_of(url, body, timeout, deadline)
+                ans, refused = answer_of(url, body, timeout, deadline, headers)
                 churn.fixed_refused += refused
                 under[name].append(ans)
     finally:

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 
 import jsonschema
 
+from pdstack.controller import apikey
+
 TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city, for a number of days.",
     "parameters": {"type": "object", "properties": {
@@ -34,30 +36,40 @@ class GateHTTPError(Exception):
     pass
 
 
-def post_json(url: str, path: str, body: dict, timeout: float) -> dict:
-    """POST and parse a JSON answer (non-stream)."""
-    status, raw = _post(url, path, body, timeout)
+class ApiKeyRefused(GateHTTPError):
+    """The front door answered 401/403: the API key, not the model (apikey.refused says which and what to do)."""
+
+
+def _check(status: int, raw: str, headers: dict[str, str] | None) -> None:
     if status != 200:
+        if refusal := apikey.refused(status, headers):
+            raise ApiKeyRefused(refusal)
         raise GateHTTPError(f"HTTP {status}: {raw[:300]}")
+
+
+def post_json(url: str, path: str, body: dict, timeout: float, headers: dict[str, str] | None = None) -> dict:
+    """POST and parse a JSON answer (non-stream). `headers`: sent with it (the front door's API key)."""
+    status, raw = _post(url, path, body, timeout, headers)
+    _check(status, raw, headers)
     return json.loads(raw)
 
 
-def _post(url: str, path: str, body: dict, timeout: float) -> tuple[int, str]:
+def _post(url: str, path: str, body: dict, timeout: float,
+          headers: dict[str, str] | None = None) -> tuple[int, str]:
     u = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
     try:
-        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json", **(headers or {})})
         r = conn.getresponse()
         return r.status, r.read().decode("utf-8", "replace")
     finally:
         conn.close()
 
 
-def stream_chat(url: str, body: dict, timeout: float) -> dict:
+def stream_chat(url: str, body: dict, timeout: float, headers: dict[str, str] | None = None) -> dict:
     """A streamed chat completion folded into one message: content, reasoning_content, tool_calls, finish_reason."""
-    status, raw = _post(url, "/v1/chat/completions", {**body, "stream": True}, timeout)
-    if status != 200:
-        raise GateHTTPError(f"HTTP {status}: {raw[:300]}")
+    status, raw = _post(url, "/v1/chat/completions", {**body, "stream": True}, timeout, headers)
+    _check(status, raw, headers)
     content, reasoning, calls, finish = "", "", {}, None
     for block in raw.split("\n\n"):
         block = block.strip()
@@ -83,10 +95,10 @@ def stream_chat(url: str, body: dict, timeout: float) -> dict:
             "finish_reason": finish}
 
 
-def chat(url: str, body: dict, timeout: float, stream: bool) -> dict:
+def chat(url: str, body: dict, timeout: float, stream: bool, headers: dict[str, str] | None = None) -> dict:
     if stream:
-        return stream_chat(url, body, timeout)
-    out = post_json(url, "/v1/chat/completions", body, timeout)
+        return stream_chat(url, body, timeout, headers)
+    out = post_json(url, "/v1/chat/completions", body, timeout, headers)
     choice = out["choices"][0]
     return {**choice["message"], "finish_reason": choice["finish_reason"]}
 
@@ -128,9 +140,12 @@ class ToolGateResult:
     passed: bool
     checks: list[Check] = field(default_factory=list)
     seconds: float = 0.0
+    refused: str | None = None  # the front door refused the API key: that, not the checks, is the message
 
     @property
     def message(self) -> str:
+        if self.refused:
+            return self.refused
         bad = [c for c in self.checks if not c.passed]
         if not bad:
             return f"{len(self.checks)} checks passed ({', '.join(c.name for c in self.checks)})"
@@ -142,9 +157,11 @@ class ToolGateResult:
 
 
 def run_tool_gate(url: str, *, model: str = "default", reasoning: bool = True, timeout: float = 120.0,
-                  max_tokens: int = 512) -> ToolGateResult:
+                  max_tokens: int = 512, headers: dict[str, str] | None = None) -> ToolGateResult:
+    """`headers`: sent with every request (the front door's API key, apikey.py)."""
     t0 = time.monotonic()
     checks: list[Check] = []
+    refused: list[str] = []
     base = {"model": model, "temperature": 0, "max_tokens": max_tokens}
     ask = [{"role": "user", "content": ASK}]
 
@@ -152,6 +169,9 @@ def run_tool_gate(url: str, *, model: str = "default", reasoning: bool = True, t
         t = time.monotonic()
         try:
             problem = fn()
+        except ApiKeyRefused as e:
+            problem = str(e)
+            refused.append(problem)
         except (GateHTTPError, OSError, ValueError, KeyError, IndexError, TypeError) as e:
             problem = f"{type(e).__name__}: {e}"
         checks.append(Check(name, problem is None, problem or "ok", round(time.monotonic() - t, 3)))
@@ -160,7 +180,7 @@ def run_tool_gate(url: str, *, model: str = "default", reasoning: bool = True, t
 
     def turn1(stream: bool):
         def go():
-            msg = chat(url, {**base, "messages": ask, "tools": [TOOL]}, timeout, stream)
+            msg = chat(url, {**base, "messages": ask, "tools": [TOOL]}, timeout, stream, headers)
             problem, _ = check_tool_call(msg)
             if problem is None and not stream:
                 first.update(msg)
@@ -174,7 +194,7 @@ def run_tool_gate(url: str, *, model: str = "default", reasoning: bool = True, t
         messages = [*ask, {"role": "assistant", "content": first.get("content") or "", "tool_calls": [
             {"id": call["id"], "type": "function", "function": call["function"]}]},
             {"role": "tool", "tool_call_id": call["id"], "content": TOOL_RESULT}]
-        msg = chat(url, {**base, "messages": messages, "tools": [TOOL]}, timeout, False)
+        msg = chat(url, {**base, "messages": messages, "tools": [TOOL]}, timeout, False, headers)
         if msg.get("tool_calls") or msg.get("finish_reason") != "stop":
             return (f"finish_reason {msg.get('finish_reason')!r}, tool_calls {msg.get('tool_calls')!r}; "
                     "want a plain answer")
@@ -189,7 +209,7 @@ def run_tool_gate(url: str, *, model: str = "default", reasoning: bool = True, t
             # a real model may think for a while: room for it, so the answer is not cut off (finish "length")
             msg = chat(url, {**base, "max_tokens": max(max_tokens, THINK_MAX_TOKENS),
                              "messages": [{"role": "user", "content": THINK_QUESTION}],
-                             "chat_template_kwargs": {"thinking": True}}, timeout, stream)
+                             "chat_template_kwargs": {"thinking": True}}, timeout, stream, headers)
             if not (msg.get("reasoning_content") or "").strip():
                 return (f"no reasoning_content with thinking on: reasoning leaked into content "
                         f"{(msg.get('content') or '')[:200]!r} (is --reasoning-parser on?)")
@@ -206,4 +226,5 @@ def run_tool_gate(url: str, *, model: str = "default", reasoning: bool = True, t
     if reasoning:
         run("reasoning", think(False))
         run("reasoning_stream", think(True))
-    return ToolGateResult(all(c.passed for c in checks), checks, round(time.monotonic() - t0, 3))
+    return ToolGateResult(all(c.passed for c in checks), checks, round(time.monotonic() - t0, 3),
+                          refused[0] if refused else None)

@@ -292,8 +292,8 @@ SMOKE = Schema("pdstack_smoke", {
     "concurrency": Field((int,), "recall requests in flight; default: the router's max_concurrent_requests "
                          "(4 when admission is off)", default=None, check=_positive),
     "timeout_s": Field((int, float), "seconds per smoke request", default=300, check=_positive),
-    "tokenizer": Field((str,), "directory on the controller with the model's tokenizer.json; unset: the sim "
-                       "test engine's", default=None),
+    "tokenizer": Field((str,), "directory on the controller with the model's tokenizer.json (the smoke tools "
+                       "need one; the sim test engine's is pdstack/testing/sim/tokenizer)", default=None),
     "bench": Field((dict,), "the throughput check", default=dict, schema=SMOKE_BENCH),
 })
 
@@ -314,6 +314,13 @@ HOST_LEVEL = {
 }
 
 
+# Role variables an inventory may set (group_vars or host_vars) that move a port of a service pdstack installs:
+# preflight checks the ports the plan will use, so these are read with the pdstack_* variables (the preflight role's
+# resolved variables carry them too: roles/preflight/tasks/resolved.yml). Variable -> the role whose default it is.
+ROLE_PORT_VARS = {"node_exporter_port": "node_exporter", "dcgm_exporter_port": "dcgm_exporter",
+                  "prometheus_listen": "prometheus", "grafana_port": "grafana"}
+
+
 @dataclass
 class Host:
     name: str
@@ -323,6 +330,7 @@ class Host:
     numa_reserve_gb: float
     address_source: str = "pdstack_address"  # or "ansible_host": where `address` came from (messages name it)
     ansible_host: str = ""  # where Ansible connects (may differ from address)
+    role_vars: dict[str, Any] = field(default_factory=dict)  # the ROLE_PORT_VARS the inventory sets for this host
 
 
 @dataclass
@@ -344,6 +352,17 @@ class Deployment:
     def servers(self) -> list[tuple[Host, dict[str, Any]]]:
         return [(h, s) for h in self.hosts.values() for s in h.servers]
 
+    def service_port(self, host: str, key: str) -> tuple[Any, str]:
+        """(port, where it is set) of role variable `key` (ROLE_PORT_VARS) on `host`: the inventory's value when it
+        sets one, else the role's default. The port is an int, or the raw value when it is not a port."""
+        from pdstack.controller import rules
+
+        role = ROLE_PORT_VARS[key]
+        h = self.hosts[host]
+        if key not in h.role_vars:
+            return rules.role_port(role, key), f"{key} (roles/{role}/defaults)"
+        return rules.port_of(h.role_vars[key]), f"{key} (inventory, host {host})"
+
 
 def load_hostvars(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
     """Read an Ansible inventory the way ansible-playbook does: hostvars (pdstack_* templated) and groups."""
@@ -364,7 +383,7 @@ def load_hostvars(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]],
         for host in inv.get_hosts():
             raw = vm.get_vars(host=host)
             templar = Templar(loader=loader, variables=raw)
-            wanted = {k: raw[k] for k in raw if k.startswith("pdstack_")}
+            wanted = {k: raw[k] for k in raw if k.startswith("pdstack_") or k in ROLE_PORT_VARS}
             hv = plain(templar.template(wanted))
             hv["ansible_host"] = str(raw.get("ansible_host", host.name))
             hostvars[host.name] = hv
@@ -419,6 +438,7 @@ def build_deployment(hostvars: dict[str, dict[str, Any]], groups: dict[str, list
             else 0.0,
             address_source="pdstack_address" if isinstance(address, str) and address else "ansible_host",
             ansible_host=str(hv.get("ansible_host", name)),
+            role_vars={k: hv[k] for k in ROLE_PORT_VARS if k in hv},
         )
 
     router_hosts = [h for h in _members(groups, "router") if h in hosts]

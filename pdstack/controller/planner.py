@@ -354,7 +354,14 @@ def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fal
                 image_id=image_id, image_tarball=tarball, model=dep.model, servers=servers, router=router,
                 monitoring_hosts=dep.monitoring_hosts, warnings=dep.warnings,
                 monitoring={"hosts": list(dep.monitoring_hosts),
-                            "grafana": {"datasource_uid": DATASOURCE_UID, "folder": FOLDER}})
+                            "grafana": {"datasource_uid": DATASOURCE_UID, "folder": FOLDER},
+                            **exporter_ports(dep)})
+
+
+def exporter_ports(dep: Deployment) -> dict[str, int]:
+    """The ports Prometheus scrapes the exporters on (every host: node_exporter; GPU hosts: dcgm-exporter): the
+    inventory's node_exporter_port / dcgm_exporter_port, else their roles' defaults (the one source)."""
+    return {k: preflight.scraped_port(dep, k) for k in ("node_exporter_port", "dcgm_exporter_port")}
 
 
 def render_text(plan: Plan) -> str:

@@ -496,12 +496,17 @@ def _router_problems(dep: Deployment, p: list[str]) -> None:
 # inventory variable that moved onto their port.
 
 
-def _fixed(role: str, key: str, port: int, what: str, hosts, privileged_ok: bool = False):
+def _fixed(key: str, what: str, hosts):
+    """A service pdstack installs, on the port the plan will use: the inventory's `key` for that host when it sets
+    one (group_vars or host_vars), else its role's default (roles/<role>/defaults/main.yml, the one source)."""
     def claims(dep: Deployment) -> list[rules.Listener]:
-        n = rules.role_port(role, key, port) if role else port
-        var = f"{key} (roles/{role}/defaults)" if role else key
-        return [rules.Listener(h, n, var, what, privileged_ok) for h in hosts(dep)]
+        return [rules.Listener(h, *dep.service_port(h, key), what) for h in hosts(dep)]
     return claims
+
+
+def _sshd(dep: Deployment) -> list[rules.Listener]:
+    return [rules.Listener(h, 22, "sshd", "sshd (Ansible reaches the host there)", privileged_ok=True)
+            for h in dep.hosts]
 
 
 def _all_hosts(dep: Deployment) -> list[str]:
@@ -542,11 +547,11 @@ def _router_listeners(dep: Deployment) -> list[rules.Listener]:
 
 
 LISTENERS = [
-    _fixed("", "sshd", 22, "sshd (Ansible reaches the host there)", _all_hosts, privileged_ok=True),
-    _fixed("node_exporter", "node_exporter_port", 9100, "node_exporter", _all_hosts),
-    _fixed("prometheus", "prometheus_listen", 9090, "Prometheus", _monitoring_hosts),
-    _fixed("grafana", "grafana_port", 3000, "Grafana", _monitoring_hosts),
-    _fixed("dcgm_exporter", "dcgm_exporter_port", 9400, "dcgm-exporter", _gpu_hosts),
+    _sshd,
+    _fixed("node_exporter_port", "node_exporter", _all_hosts),
+    _fixed("prometheus_listen", "Prometheus", _monitoring_hosts),
+    _fixed("grafana_port", "Grafana", _monitoring_hosts),
+    _fixed("dcgm_exporter_port", "dcgm-exporter", _gpu_hosts),
     _server_listeners,
     _router_listeners,
 ]
@@ -556,11 +561,27 @@ def listeners(dep: Deployment) -> list[rules.Listener]:
     return [claim for entry in LISTENERS for claim in entry(dep)]
 
 
+def scraped_port(dep: Deployment, key: str) -> Any:
+    """The one port Prometheus scrapes an exporter on (node_exporter_port on every host, dcgm_exporter_port on the
+    GPU hosts): the inventory's value, else the role's default. Preflight refuses values that differ by host."""
+    hosts = _gpu_hosts(dep) if key == "dcgm_exporter_port" else _all_hosts(dep)
+    return dep.service_port(hosts[0], key)[0] if hosts else rules.role_port(inventory.ROLE_PORT_VARS[key], key)
+
+
+def _scraped_port_problems(dep: Deployment, p: list[str]) -> None:
+    for key, hosts in (("node_exporter_port", _all_hosts(dep)), ("dcgm_exporter_port", _gpu_hosts(dep))):
+        ports = {h: dep.service_port(h, key)[0] for h in hosts}
+        if len({repr(v) for v in ports.values()}) > 1:
+            p.append(f"{key}: differs between hosts ({', '.join(f'{h} {v}' for h, v in ports.items())}), but "
+                     "Prometheus scrapes one port on every host; set it once in group_vars/all")
+
+
 def _port_problems(dep: Deployment, p: list[str]) -> None:
+    _scraped_port_problems(dep, p)
     used: dict[tuple[str, int], rules.Listener] = {}
     for c in listeners(dep):
-        if not 1 <= c.port <= 65535:
-            p.append(f"{c.variable}: {c.port} is not a TCP port (1-65535)")
+        if not isinstance(c.port, int) or isinstance(c.port, bool) or not 1 <= c.port <= 65535:
+            p.append(f"{c.variable}: {c.port!r} is not a TCP port (1-65535)")
             continue
         if c.port < rules.PRIVILEGED_BELOW and not c.privileged_ok:
             p.append(f"{c.variable}: port {c.port} is privileged (< {rules.PRIVILEGED_BELOW}; system services live "
@@ -630,6 +651,9 @@ def _smoke_problems(dep: Deployment, p: list[str]) -> None:
     if sm["min_horizon"] > max(lengths):
         p.append(f"pdstack_smoke.min_horizon: {sm['min_horizon']} is beyond the longest recall length "
                  f"{max(lengths)}, so the gate can never pass; lower it or add a longer length to grid.lengths")
+    if not sm.get("tokenizer"):
+        p.append("pdstack_smoke.tokenizer: unset, and the smoke gate builds its prompts with the model's tokenizer; "
+                 "set it to the model's tokenizer directory on the controller (or pdstack_smoke.enabled: false)")
 
 
 def gpu_numa_node(facts: dict, gpus: list[int]) -> set[int]:

@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdstack.controller import results
-from pdstack.controller.smoke_settings import DEFAULTS, list_type
+from pdstack.controller import apikey, results
+from pdstack.controller.smoke_settings import DEFAULTS, NO_TOKENIZER, list_type
 
 RETRIES = 3  # retries of a 429/408 refusal
 MAX_NEW_TOKENS = 32  # answer length cap
@@ -169,14 +169,14 @@ class Cell:
 
 
 def ask(url: str, prompt: str, needle: Needle, timeout: float, max_new_tokens: int, retries: int,
-        backoff_s: float = 1.0) -> Outcome:
+        backoff_s: float = 1.0, headers: dict[str, str] | None = None) -> Outcome:
     """One non-streamed /generate; graded. Retries only admission refusals (429/408, 503 + Retry-After from the front
-    door), with backoff."""
+    door), with backoff. `headers`: sent with it (the front door's API key, apikey.py)."""
     body = json.dumps({"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}})
     start = time.monotonic()
     for attempt in range(retries + 1):
         req = urllib.request.Request(url.rstrip("/") + "/generate", data=body.encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (the deployment's router)
                 raw = r.read().decode("utf-8", "replace")
@@ -185,7 +185,7 @@ def ask(url: str, prompt: str, needle: Needle, timeout: float, max_new_tokens: i
             if refused and attempt < retries:
                 time.sleep(backoff_s * (2 ** attempt))
                 continue
-            detail = e.read(300).decode("utf-8", "replace")
+            detail = apikey.refused(e.code, headers) or e.read(300).decode("utf-8", "replace")
             status = "refused" if refused else "http"
             return Outcome(needle.key, needle.depth, status, latency_s=time.monotonic() - start, http_status=e.code,
                            detail=detail or f"HTTP {e.code}")
@@ -241,6 +241,12 @@ class RecallReport:
         return out
 
     @property
+    def auth_refused(self) -> str | None:
+        """The front door's API-key refusal (apikey.refused), when it answered any request with 401/403."""
+        return next((o.detail for c in self.cells for o in c.outcomes
+                     if o.http_status in apikey.REFUSED_STATUSES), None)
+
+    @property
     def passed(self) -> bool:
         return self.horizon() >= self.min_horizon
 
@@ -273,6 +279,8 @@ class RecallReport:
         out.append("answers: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES))
         verdict = "PASS" if self.passed else "FAIL"
         out.append(f"recall horizon {self.horizon()} tokens (min {self.min_horizon}): {verdict}")
+        if self.auth_refused:
+            out.append(self.auth_refused)
         return "\n".join(out)
 
 
@@ -288,7 +296,8 @@ def needle_depths(depth: float, n: int) -> list[float]:
 def run_recall(url: str, *, lengths: list[int], depths: list[float], tokenizer: str | Path, variants: list[str],
                needles: int = DEFAULTS["needles"], concurrency: int = DEFAULTS["concurrency"],
                timeout: float = DEFAULTS["timeout"], max_new_tokens: int = MAX_NEW_TOKENS, retries: int = RETRIES,
-               min_horizon: int = DEFAULTS["min_horizon"], seed: int = 0, progress=None) -> RecallReport:
+               min_horizon: int = DEFAULTS["min_horizon"], seed: int = 0, progress=None,
+               headers: dict[str, str] | None = None) -> RecallReport:
     counter = TokenCounter(tokenizer)
     builder = PromptBuilder(counter, max(lengths))
     rng = random.Random(seed)
@@ -309,7 +318,8 @@ def run_recall(url: str, *, lengths: list[int], depths: list[float], tokenizer: 
     start = time.monotonic()
     total = len(jobs)
     with cf.ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        futs = {pool.submit(ask, url, p, n, timeout, max_new_tokens, retries): (c, n) for c, p, n in jobs}
+        futs = {pool.submit(ask, url, p, n, timeout, max_new_tokens, retries, headers=headers): (c, n)
+                for c, p, n in jobs}
         for done, fut in enumerate(cf.as_completed(futs), 1):
             cell, _ = futs[fut]
             cell.outcomes.append(fut.result())
@@ -400,7 +410,8 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depths", type=_depth_list, default=d["depths"],
                    help=f"needle depths in %% of the document (default {','.join(f'{x:g}' for x in d['depths'])})")
     p.add_argument("--tokenizer", default=d["tokenizer"],
-                   help="directory with the model's tokenizer.json (default: the sim test engine's)")
+                   help="directory with the model's tokenizer.json (required: the model's own; for the sim test "
+                        "engine pdstack/testing/sim/tokenizer)")
     p.add_argument("--variant", choices=("single", "multi", "both"), default=d["variant"],
                    help=f"single needle, multi-needle (--needles per prompt), or both (default {d['variant']})")
     p.add_argument("--needles", type=int, default=d["needles"],
@@ -424,11 +435,15 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     variants = ["single", "multi"] if args.variant == "both" else [args.variant]
+    if not args.tokenizer:
+        print(f"pdstack recall: {NO_TOKENIZER}", file=sys.stderr)
+        return 2
     try:
         report = run_recall(args.url, lengths=args.lengths, depths=args.depths, tokenizer=args.tokenizer,
                             variants=variants, needles=args.needles, concurrency=args.concurrency,
                             timeout=args.timeout, max_new_tokens=args.max_new_tokens, retries=args.retries,
-                            min_horizon=args.min_horizon, seed=args.seed, progress=print_progress())
+                            min_horizon=args.min_horizon, seed=args.seed, progress=print_progress(),
+                            headers=apikey.from_env())
     except (FileNotFoundError, ImportError) as e:
         print(f"pdstack recall: {e}", file=sys.stderr)
         return 2
@@ -439,7 +454,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"heatmap: {heatmap(report, args.heatmap)}")
     counts = report.counts()
     if counts["pass"] + counts["wrong"] == 0:
-        print("pdstack recall: no request was answered (router unreachable or refusing); see the JSON",
-              file=sys.stderr)
+        print("pdstack recall: no request was answered ("
+              + (report.auth_refused or "router unreachable or refusing") + "); see the JSON", file=sys.stderr)
         return 3
     return 0 if report.passed else 1

@@ -196,11 +196,24 @@ def role_default(role: str, key: str) -> Any:
         return None
 
 
-def role_port(role: str, key: str, fallback: int) -> int:
+def port_of(value: Any) -> Any:
+    """The port of a port variable's value (8000, "8000", "0.0.0.0:9090"); the value itself when it is none."""
+    v = value.rsplit(":", 1)[1] if isinstance(value, str) and ":" in value else value
+    if isinstance(v, bool):
+        return value
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return value
+
+
+def role_port(role: str, key: str) -> int:
+    """The port of a role's default `key` (a port, or host:port): the one source of the fixed ports of services
+    pdstack installs (node_exporter, dcgm-exporter, Prometheus, Grafana); everything else reads it from here."""
     v = role_default(role, key)
     if isinstance(v, str) and ":" in v:
         v = v.rsplit(":", 1)[1]
     try:
         return int(v)
     except (TypeError, ValueError):
-        return fallback
+        raise ValueError(f"roles/{role}/defaults/main.yml: {key} is {v!r}, not a port") from None

@@ -9,6 +9,10 @@ after every deploy, with OUT = build/smoke/<inventory>/<timestamp>, and fails th
 Settings: the inventory schema's pdstack_smoke defaults (smoke_settings.DEFAULTS, which recall and bench use too),
 then the inventory's pdstack_smoke (-i; with --vars from the variables Ansible resolved, as the smoke role passes
 them, so `ansible-playbook -e` reaches the gate), then the flags given.
+
+The front door's API key, when the deployment has one, comes from PDSTACK_API_KEY_FILE / PDSTACK_API_KEY (apikey.py;
+the smoke role passes a mode-0600 file) and goes with every request of every gate; a gate the front door refuses
+says so ("the front door refused the API key"), not that the model failed.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pdstack.controller import agent_gates, bench, inventory, recall, results, smoke_settings
+from pdstack.controller import agent_gates, apikey, bench, inventory, recall, results, smoke_settings
 from pdstack.controller.smoke_settings import DEFAULTS
 from pdstack.errors import InventoryError
 from pdstack.hostside import probe
@@ -26,20 +30,21 @@ from pdstack.hostside import probe
 def run_smoke(url: str, out: Path, *, lengths: list[int], depths: list[float], tokenizer: str, variants: list[str],
               needles: int, concurrency: int, min_horizon: int, baseline_tps: float | None, tolerance: float,
               bench_concurrency: list[int], bench_requests: int, bench_tokens: int, timeout: float,
-              probe_first_token_timeout: float, probe_stall_timeout: float, agent: dict | None = None
-              ) -> tuple[bool, dict, str]:
+              probe_first_token_timeout: float, probe_stall_timeout: float, agent: dict | None = None,
+              headers: dict[str, str] | None = None) -> tuple[bool, dict, str]:
+    """Every gate against `url`, results in `out`. `headers`: sent with every request (apikey.from_env())."""
     out.mkdir(parents=True, exist_ok=True)
     lines, gates = [], {}
 
     pr = probe.probe(url, first_token_timeout=probe_first_token_timeout, stall_timeout=probe_stall_timeout,
-                     total_timeout=max(timeout, probe_first_token_timeout + probe_stall_timeout))
+                     total_timeout=max(timeout, probe_first_token_timeout + probe_stall_timeout), headers=headers)
     results.write_json(out / "probe.json", pr.to_dict())
     gates["probe"] = {"passed": pr.ok, "stage": pr.stage, "exit_code": pr.code, "message": pr.message}
     lines.append(f"probe   {'PASS' if pr.ok else 'FAIL'}  [{pr.stage}] {pr.message}")
 
     rr = recall.run_recall(url, lengths=lengths, depths=depths, tokenizer=tokenizer, variants=variants,
                            needles=needles, concurrency=concurrency, timeout=timeout, min_horizon=min_horizon,
-                           progress=recall.print_progress())
+                           progress=recall.print_progress(), headers=headers)
     results.write_json(out / "recall.json", rr.to_dict())
     png = recall.heatmap(rr, out / "recall.png")
     counts = rr.counts()
@@ -47,11 +52,12 @@ def run_smoke(url: str, out: Path, *, lengths: list[int], depths: list[float], t
                        "heatmap": str(png)}
     lines.append(f"recall  {'PASS' if rr.passed else 'FAIL'}  horizon {rr.horizon()} tokens (min {min_horizon}; "
                  f"grid {recall._k(min(lengths))}..{recall._k(max(lengths))} x {len(depths)} depths); "
-                 + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+                 + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+                 + (f"; {rr.auth_refused}" if rr.auth_refused else ""))
 
     br = bench.run_bench(url, concurrency=bench_concurrency, requests=bench_requests, max_new_tokens=bench_tokens,
                          timeout=timeout, baseline_tps=baseline_tps, tolerance=tolerance,
-                         progress=lambda m: print(m, file=sys.stderr, flush=True))
+                         progress=lambda m: print(m, file=sys.stderr, flush=True), headers=headers)
     results.write_json(out / "bench.json", br.to_dict())
     c1 = br.c1
     gates["bench"] = {"passed": br.passed, "c1_decode_tps": c1.decode_tps_per_request, "baseline_tps": baseline_tps,
@@ -62,7 +68,8 @@ def run_smoke(url: str, out: Path, *, lengths: list[int], depths: list[float], t
     lines.append(f"bench   {'PASS' if br.passed else 'FAIL'}  C=1 decode {tps} tok/s{base}, TTFT p50 {ttft}"
                  + ("; requests failed: " + "; ".join(e for lv in br.levels for e in lv.errors) if br.failed else ""))
 
-    agent_gates.run_agent_gates(url, out, agent or {}, tokenizer=tokenizer, timeout=timeout, gates=gates, lines=lines)
+    agent_gates.run_agent_gates(url, out, agent or {}, tokenizer=tokenizer, timeout=timeout, gates=gates, lines=lines,
+                                 headers=headers)
 
     passed = all(g["passed"] for g in gates.values())
     failed = [k for k, g in gates.items() if not g["passed"]]
@@ -88,7 +95,8 @@ def register(p: argparse.ArgumentParser) -> None:
                    help=f"recall lengths (default {','.join(map(recall._k, d['lengths']))})")
     p.add_argument("--depths", type=recall._depth_list,
                    help=f"recall depths, %% (default {','.join(f'{x:g}' for x in d['depths'])})")
-    p.add_argument("--tokenizer", help="directory with the model's tokenizer.json (default: the sim's)")
+    p.add_argument("--tokenizer", help="directory with the model's tokenizer.json (default: the inventory's "
+                                        "pdstack_smoke.tokenizer; one is required)")
     p.add_argument("--variant", choices=("single", "multi", "both"), help=f"needle variants (default {d['variant']})")
     p.add_argument("--needles", type=int, help=f"needles per prompt, multi variant (default {d['needles']})")
     p.add_argument("--concurrency", type=int,
@@ -118,23 +126,33 @@ def register(p: argparse.ArgumentParser) -> None:
     p.epilog = "exit codes: 0 every gate passed, 1 a gate failed (summary says which), 2 usage or bad inventory"
 
 
-def settings(args: argparse.Namespace) -> dict:
-    """What this run uses: the schema's defaults, then the inventory's pdstack_smoke (-i, or the resolved --vars),
-    then the flags given."""
+def deployment(args: argparse.Namespace) -> inventory.Deployment | None:
+    """The inventory -i names (with --vars: the variables Ansible resolved), loaded once for every setting of the
+    run (smoke_settings and the agent gates'); None without -i."""
     if args.vars and not args.inventory:
         raise InventoryError(["--vars FILE needs -i/--inventory DIR: the inventory whose variables it holds"])
+    return inventory.load(args.inventory, args.vars) if args.inventory else None
+
+
+def settings(args: argparse.Namespace, dep: inventory.Deployment | None) -> dict:
+    """What this run uses: the schema's defaults, then the inventory's pdstack_smoke (`dep`, from deployment()),
+    then the flags given."""
     cfg = dict(DEFAULTS)
-    if args.inventory:
-        cfg.update(smoke_settings.from_inventory(args.inventory, args.vars))
+    if dep is not None:
+        cfg.update(smoke_settings.from_deployment(dep))
     cfg.update({k: v for k, v in vars(args).items() if k in DEFAULTS and v is not None})
     return cfg
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = settings(args)
+    headers = apikey.from_env()  # before any request: a key file others can read is a usage error (exit 2)
+    dep = deployment(args)
+    cfg = settings(args, dep)
     variants = ["single", "multi"] if cfg["variant"] == "both" else [cfg["variant"]]
-    agent = (agent_gates.settings_from_deployment(inventory.load(args.inventory, args.vars)) if args.inventory
-             else {})
+    agent = agent_gates.settings_from_deployment(dep) if dep is not None else {}
+    if not cfg["tokenizer"]:
+        print(f"pdstack smoke: {smoke_settings.NO_TOKENIZER}", file=sys.stderr)
+        return 2
     agent.update({k: v for k, v in {"tools": args.tools, "reasoning": args.reasoning, "churn": args.churn,
                                     "churn_lengths": args.churn_lengths, "admission_limit": args.admission_limit,
                                     "model": args.model}.items() if v is not None})
@@ -146,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
             bench_concurrency=cfg["bench_concurrency"], bench_requests=cfg["bench_requests"],
             bench_tokens=cfg["bench_tokens"], timeout=cfg["timeout"],
             probe_first_token_timeout=args.probe_first_token_timeout, probe_stall_timeout=args.probe_stall_timeout,
-            agent=agent)
+            agent=agent, headers=headers)
     except (FileNotFoundError, ImportError) as e:
         print(f"pdstack smoke: {e}", file=sys.stderr)
         return 2

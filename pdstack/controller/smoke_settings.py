@@ -2,20 +2,25 @@
 
 One source of defaults: the inventory schema (inventory.SMOKE). `DEFAULTS` are the settings of an inventory that sets
 no `pdstack_smoke` at all; the three CLIs take their argparse defaults from it, and `pdstack smoke -i` from the
-inventory (`--vars`: from the variables Ansible resolved, extra vars included).
+inventory (`--vars`: from the variables Ansible resolved, extra vars included), which `pdstack smoke` loads once.
+
+No default tokenizer: prompts are built to exact token counts with the model's own, so the tools ask for one
+(`--tokenizer`, `pdstack_smoke.tokenizer`). Controller code does not reach into the test engine (pdstack/testing/):
+the inventories that deploy the sim (inventory/local, inventory/test) and the tests name its tokenizer directory.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from typing import Any
 
 from pdstack.controller import inventory
 from pdstack.errors import InventoryError
-from pdstack.testing.sim.vocab import TOKENIZER_DIR as SIM_TOKENIZER  # the default: the sim test engine's tokenizer
 
+NO_TOKENIZER = ("no tokenizer: give --tokenizer DIR (pdstack_smoke.tokenizer with -i), the model's tokenizer "
+                "directory on the controller; prompts are built to exact token counts with it (for the sim test "
+                "engine: pdstack/testing/sim/tokenizer)")
 # recall requests in flight when the router's admission control is off (max_concurrent_requests -1)
 CONCURRENCY_WITHOUT_ADMISSION = 4
 
@@ -25,7 +30,7 @@ def settings(smoke: dict[str, Any], admission: dict[str, Any]) -> dict[str, Any]
     grid, bench = smoke["grid"], smoke["bench"]
     limit = admission["max_concurrent_requests"]
     return {"lengths": list(grid["lengths"]), "depths": list(grid["depths"]),
-            "tokenizer": smoke["tokenizer"] or str(SIM_TOKENIZER), "variant": grid["variant"],
+            "tokenizer": smoke["tokenizer"], "variant": grid["variant"],
             "needles": grid["needles"],
             "concurrency": smoke["concurrency"] or (limit if limit > 0 else CONCURRENCY_WITHOUT_ADMISSION),
             "min_horizon": smoke["min_horizon"], "timeout": float(smoke["timeout_s"]),
@@ -45,9 +50,8 @@ def _schema_defaults(schema) -> dict[str, Any]:
 DEFAULTS = settings(_schema_defaults(inventory.SMOKE), _schema_defaults(inventory.ADMISSION))
 
 
-def from_inventory(source: str | os.PathLike, resolved: str | os.PathLike | None = None) -> dict[str, Any]:
-    """The settings of inventory `source`; with `resolved` (the preflight role's inventory.json) those variables."""
-    dep = inventory.load(source, resolved)
+def from_deployment(dep: inventory.Deployment) -> dict[str, Any]:
+    """The settings of a loaded inventory (inventory.load: its files, or the preflight role's resolved variables)."""
     return settings(dep.smoke, dep.router["admission"])
 
 

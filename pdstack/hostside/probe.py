@@ -19,6 +19,9 @@ When it fails it names the stage (exit codes are stable; the watchdog and system
                          the decode server holds the request as running (needs --decode; a wedged decode)
     15 aborted           the stream ended with a worker's abort (KV transfer / bootstrap failure message included)
     16 wrong-answer      tokens flowed but the answer does not carry the code (KV corruption, or a model problem)
+    17 auth              the front door refused the API key (401/403): an access problem, not a broken server, no
+                         restart (the smoke gate sends the key, pdstack/controller/apikey.py; the watchdog probes the
+                         router behind the front door and needs none)
 
 Stdlib only: the watchdog runs it with the router host's python3 (see pdstack/hostside/watchdog.py).
 """
@@ -41,9 +44,11 @@ import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass, field
 
-OK, ROUTER_DOWN, ADMISSION, HTTP_ERROR, PREFILL_TRANSFER, DECODE, ABORTED, WRONG_ANSWER = 0, 10, 11, 12, 13, 14, 15, 16
+OK, ROUTER_DOWN, ADMISSION, HTTP_ERROR, PREFILL_TRANSFER, DECODE, ABORTED, WRONG_ANSWER, AUTH = (
+    0, 10, 11, 12, 13, 14, 15, 16, 17)
 STAGES = {OK: "ok", ROUTER_DOWN: "router-down", ADMISSION: "admission", HTTP_ERROR: "http-error",
-          PREFILL_TRANSFER: "prefill/transfer", DECODE: "decode", ABORTED: "aborted", WRONG_ANSWER: "wrong-answer"}
+          PREFILL_TRANSFER: "prefill/transfer", DECODE: "decode", ABORTED: "aborted", WRONG_ANSWER: "wrong-answer",
+          AUTH: "auth"}
 PROBE_KEY = "pdstack probe"
 
 
@@ -123,8 +128,9 @@ def _no_first_token(snap: dict, waited: float) -> ProbeResult:
 
 def probe(url: str, *, first_token_timeout: float = 60.0, stall_timeout: float = 15.0, total_timeout: float = 120.0,
           max_new_tokens: int = 16, prefill: list[str] | None = None, decode: list[str] | None = None,
-          code: str | None = None, check_answer: bool = True) -> ProbeResult:
-    """One streamed /generate through the router. Never raises for network or HTTP problems.
+          code: str | None = None, check_answer: bool = True, headers: dict[str, str] | None = None) -> ProbeResult:
+    """One streamed /generate through the router. Never raises for network or HTTP problems. `headers`: sent
+    with the request (the front door's `Authorization`, pdstack/controller/apikey.py).
 
     A reader thread does the blocking HTTP work and posts events; this thread enforces the deadlines and, when one
     passes, snapshots the workers' queues (while the request is still in flight) and cuts the connection."""
@@ -143,7 +149,8 @@ def probe(url: str, *, first_token_timeout: float = 60.0, stall_timeout: float =
         try:
             try:
                 conn.request("POST", (parsed.path or "") + "/generate", body=json.dumps(body),
-                             headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+                             headers={"Content-Type": "application/json", "Accept": "text/event-stream",
+                                      **(headers or {})})
             except (OSError, http.client.HTTPException) as e:
                 events.put(("down", e))
                 return
@@ -162,7 +169,7 @@ def probe(url: str, *, first_token_timeout: float = 60.0, stall_timeout: float =
     start = time.monotonic()
     t = threading.Thread(target=reader, name="pdstack-probe-reader", daemon=True)
     t.start()
-    st = _Stream(secret, check_answer, start, prefill, decode)
+    st = _Stream(secret, check_answer, start, prefill, decode, key_sent="Authorization" in (headers or {}))
     try:
         while True:
             now = time.monotonic()
@@ -191,8 +198,9 @@ def probe(url: str, *, first_token_timeout: float = 60.0, stall_timeout: float =
 class _Stream:
     """State of one streamed answer; feed() returns a final result or None to go on."""
 
-    def __init__(self, secret: str, check_answer: bool, start: float, prefill: list[str], decode: list[str]):
-        self.secret, self.check_answer, self.start = secret, check_answer, start
+    def __init__(self, secret: str, check_answer: bool, start: float, prefill: list[str], decode: list[str],
+                 key_sent: bool = False):
+        self.secret, self.check_answer, self.start, self.key_sent = secret, check_answer, start, key_sent
         self.prefill, self.decode = prefill, decode
         self.tokens, self.ttft, self.last_tok, self.text = 0, None, start, ""
 
@@ -228,6 +236,11 @@ class _Stream:
                     "the router behind it is down)")
                 return _result(ADMISSION, f"admission refused the probe: {why}; busy, not broken",
                                http_status=status)
+            if status in (401, 403):
+                why = ("the key sent is not one it accepts" if self.key_sent
+                       else "no key was sent and the deployment requires one")
+                return _result(AUTH, f"the front door refused the API key (HTTP {status}): {why}. An access "
+                                     "problem, not a model failure", http_status=status)
             if status != 200:
                 return _result(HTTP_ERROR, f"HTTP {status} from {url}/generate: {detail or '(empty body)'}",
                                http_status=status)

@@ -7,7 +7,7 @@ import pytest
 from sim_helpers import scrape, start_pd
 
 from pdstack.controller import churn
-from pdstack.controller.smoke_settings import SIM_TOKENIZER
+from pdstack.testing.sim.vocab import TOKENIZER_DIR as SIM_TOKENIZER
 
 pytestmark = pytest.mark.slow
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from pdstack.controller import rules
 from pdstack.hostside.facts import parse_cpulist
 
-# Ports of the exporters on every host (Debian's prometheus-node-exporter default; dcgm-exporter's default).
-NODE_EXPORTER_PORT = 9100
-DCGM_EXPORTER_PORT = 9400
+# Ports of the exporters on every host: their roles' defaults (the one source; the plan carries the ones a
+# deployment uses, monitoring.node_exporter_port / dcgm_exporter_port, which the prometheus role passes).
+NODE_EXPORTER_PORT = rules.role_port("node_exporter", "node_exporter_port")
+DCGM_EXPORTER_PORT = rules.role_port("dcgm_exporter", "dcgm_exporter_port")
 RULES_GLOB = "/etc/prometheus/rules/*.yml"
 
 
