@@ -120,6 +120,12 @@ IMAGE = Schema("pdstack_image", {
                       "and saved tarball come from it (path relative to the repo root)", default=None),
     "tarball": Field((str,), "saved image tarball on the controller that the image phase pushes (its sha256 in "
                      "<tarball>.sha256); default: the manifest's", default=None),
+    "registry": Field((str,), "registry the hosts pull from, HOST[:PORT] as the hosts reach it: the image phase "
+                      "`docker pull`s REGISTRY/pdstack/<flavor>@sha256:... (the digest `invoke build --push` recorded "
+                      "in the manifest, or `digest`) instead of copying a tarball; with `ref`, ref must be "
+                      "REGISTRY/...@sha256:<digest>", default=None),
+    "digest": Field((str,), "sha256:<64 hex>, the pushed image's digest (with manifest + registry); default: the "
+                    "manifest's pushed.digest_ref", default=None),
     "engine": Field((str,), "sglang (the GPU engine) or sim (the TEST ENGINE simulator; never in production)",
                     default="sglang", choices=ENGINES),
 })

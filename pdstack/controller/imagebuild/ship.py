@@ -83,3 +83,15 @@ def push_image(c, img, tag: str, registry: str) -> dict[str, str]:
     if digest_ref is None:
         raise BuildError(f"pushed {target}:{version} but the engine reports no repo digest for it: {pushed}")
     return {"ref": f"{target}:{version}", "digest_ref": digest_ref}
+
+
+def earlier_push(manifest: Path, tag: str, image_id: str) -> dict[str, str] | None:
+    """The `pushed` record of the manifest at `manifest` when it describes this very image (same tag and id), so
+    that a later `invoke build` without --push (e.g. the demo's --save) keeps the digest the image phase pulls."""
+    try:
+        old = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return None
+    if old.get("tag") == tag and old.get("image_id") == image_id and isinstance(old.get("pushed"), dict):
+        return old["pushed"]
+    return None
