@@ -4,7 +4,8 @@ Variables (see inventory/production for a commented example; README "Writing a p
 
   group_vars/all/deployment.yml  pdstack_environment   production | local | test
   group_vars/all/model.yml       pdstack_model          model path on the host, served name, context length, family
-  group_vars/all/image.yml       pdstack_image          image reference and engine (sglang, or the sim test engine)
+  group_vars/all/image.yml       pdstack_image          build manifest or image reference, tarball or registry (pull
+                                                        by digest), engine (sglang, or the sim test engine)
   group_vars/all/router.yml      pdstack_router         router policy, admission control, retries, health checks
   host_vars/<host>/servers.yml   pdstack_servers        the prefill/decode servers of that host
   host_vars/<host>/*.yml         pdstack_address        address other hosts reach this one at (default: ansible_host)
