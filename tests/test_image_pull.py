@@ -273,22 +273,56 @@ def test_ship_the_prod_image_to_a_test_host_once(host, registry):
             saved = build("prod", save=str(tar))["saved"]
             fig["save_s"], fig["tarball_bytes"] = round(time.monotonic() - t0, 1), saved["bytes"]
             _say(f"saved {saved['bytes'] / 1e9:.1f} GB in {fig['save_s']} s")
-            need = saved["bytes"] / 1e9 + 2 * size + 10  # its copy on the host, unpacked, the layers; 10 GB left
-            if _free_gb() < need:
-                pytest.skip(f"{_free_gb():.1f} GB free after the save: loading on the test host needs {need:.1f}")
-            t0 = time.monotonic()
-            r = playbook("--tags", "image", "-e", image_vars(ref=m["tag"], tarball=str(tar)))
-            fig["load_phase_s"] = round(time.monotonic() - t0, 1)
-            assert r.returncode == 0, r.stdout[-4000:]
-            for k, name in [("copy_s", "Image | copy the tarball"), ("sha256_s", "Image | checksum the copy"),
-                            ("docker_load_s", "Image | docker load")]:
-                fig[k] = _task_seconds(r.stdout, name)
-            _say(f"image phase (copy + sha256 + load): {fig['load_phase_s']} s")
+            gz = saved["bytes"] / 1e9
+            # the phase: this tarball + its copy on the host + unpacked + the layers, and 10 GB left; the same
+            # commands by hand can drop this tarball once it is copied
+            need_phase, need_split = 2 * gz + 2 * size + 10, gz + 2 * size + 10
+            if _free_gb() >= need_phase:
+                fig["mode"] = "the image phase (ansible-playbook site.yml --tags image)"
+                t0 = time.monotonic()
+                r = playbook("--tags", "image", "-e", image_vars(ref=m["tag"], tarball=str(tar)))
+                fig["load_phase_s"] = round(time.monotonic() - t0, 1)
+                assert r.returncode == 0, r.stdout[-4000:]
+                for k, name in [("copy_s", "Image | copy the tarball"), ("sha256_s", "Image | checksum the copy"),
+                                ("docker_load_s", "Image | docker load")]:
+                    fig[k] = _task_seconds(r.stdout, name)
+            elif _free_gb() >= need_split:
+                fig["mode"] = ("the image phase's commands one by one (its copy module, sha256, docker load), the "
+                               f"controller's tarball removed before the load: {_free_gb():.1f} GB free < "
+                               f"{need_phase:.1f} for the phase")
+                _say(fig["mode"])
+                dest = "/var/lib/pdstack/images/prod.tar.gz"
+                env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
+                t0 = time.monotonic()
+                r = subprocess.run([str(BIN / "ansible"), HOST, "-i", str(ONE), "-m", "ansible.builtin.copy", "-a",
+                                    f"src={tar} dest={dest} mode=0600"], cwd=ROOT, env=env, capture_output=True,
+                                   text=True, timeout=3600)
+                fig["copy_s"] = round(time.monotonic() - t0, 1)
+                assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+                tar.unlink()
+                t0 = time.monotonic()
+                r2 = sh(HOST, "sha256sum", dest, timeout=3600)
+                fig["sha256_s"] = round(time.monotonic() - t0, 1)
+                assert r2.stdout.split()[0] == saved["sha256"], r2.stdout + r2.stderr
+                t0 = time.monotonic()
+                r3 = sh(HOST, "docker", "load", "--input", dest, timeout=3600)
+                fig["docker_load_s"] = round(time.monotonic() - t0, 1)
+                assert r3.returncode == 0, r3.stdout + r3.stderr
+                sh(HOST, "rm", "-f", dest)
+                fig["load_phase_s"] = round(fig["copy_s"] + fig["sha256_s"] + fig["docker_load_s"], 1)
+            else:
+                pytest.skip(f"{_free_gb():.1f} GB free after the save: loading on the test host needs "
+                            f"{need_split:.1f}")
+            _say(f"copy + sha256 + load: {fig['load_phase_s']} s ({fig['mode']})")
         finally:
             for f in (tar, tar.with_name(tar.name + ".sha256"), tar.with_name(tar.name + ".json")):
                 f.unlink(missing_ok=True)
         fig["lowest_free_gb_load"] = round(low.lowest, 1)
     assert sh(HOST, "docker", "rmi", m["tag"], timeout=600).returncode == 0  # room for the pull
+    need = 2 * gz + size + 10  # the registry's blobs, the host's download of them, the layers; 10 GB left
+    if _free_gb() < need:
+        (ROOT / "build" / "ship-prod.json").write_text(json.dumps(fig, indent=2) + "\n")
+        pytest.skip(f"{_free_gb():.1f} GB free: push + pull need {need:.1f} (load figures in build/ship-prod.json)")
     with _LowestFree() as low:
         t0 = time.monotonic()
         p = build("prod", push=f"127.0.0.1:{registry['port']}")["pushed"]
