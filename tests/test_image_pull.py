@@ -7,7 +7,8 @@ host's /etc/docker/daemon.json (the test host only: pdstack never writes daemon.
 did not push fails in preflight with nothing on the host; site.yml (tags host,image) pulls by digest, tags the
 image as the plan's tag, checks its id and labels against the manifest and records it for rollback, without any
 tarball; the second run and check mode change nothing; a digest the registry lacks fails with the fix and changes
-nothing; without insecure-registries the failure names that setting.
+nothing; the tarball path checks the manifest's id and labels too; without insecure-registries the failure names
+that setting.
 
 PDSTACK_SHIP_PROD=1 also measures shipping the prod image (~11 GB) to the test host once, with the real image
 phase: `docker save` + tarball copy + `docker load`, then push + pull by digest (figures printed and written to
@@ -204,6 +205,34 @@ def test_a_digest_the_registry_lacks_fails_with_the_fix_and_changes_nothing(host
     assert f"{host['registry']} has no image with digest {WRONG}" in r.stdout
     assert recap(r.stdout)[HOST]["changed"] == 0
     assert host_file(HOST, "/etc/pdstack/images.json") == record
+
+
+def test_the_tarball_path_checks_the_manifests_id_and_labels_too(host, pushed, pulled, tmp_path):
+    from pdstack.controller.imagebuild import build
+    tar = ROOT / "build" / "images" / "sim.tar"
+    saved = build("sim", save=str(tar))
+    try:  # the 1.7 GB tarball goes, whatever happens
+        _tarball_path_checks(host, pushed, saved, tmp_path)
+    finally:
+        for f in (tar, tar.with_name(tar.name + ".sha256"), tar.with_name(tar.name + ".json")):
+            f.unlink(missing_ok=True)
+
+
+def _tarball_path_checks(host, pushed, saved, tmp_path):
+    assert saved["pushed"] == pushed["pushed"]  # a build without --push keeps the push record of the same image
+    assert sh(HOST, "docker", "rmi", pushed["tag"], f"{host['registry']}/pdstack/sim@{_digest(pushed)}").returncode == 0
+    r = playbook("--tags", "image", "-e", image_vars(manifest="build/manifest-sim.json"))
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert "Image | docker load" in r.stdout and recap(r.stdout)[HOST]["changed"] > 0
+    assert json.loads(sh(HOST, "docker", "image", "inspect", pushed["tag"]).stdout)[0]["Id"] == pushed["image_id"]
+    # a manifest that describes another build: refused before the serving phase, naming both ids
+    other = dict(saved, image_id="sha256:" + "2" * 64)
+    (tmp_path / "manifest-sim.json").write_text(json.dumps(other))
+    r = playbook("--tags", "image", "-e", image_vars(manifest=str(tmp_path / "manifest-sim.json")))
+    assert r.returncode != 0
+    assert f"{pushed['tag']} on {HOST} is not the build the manifest describes: id {pushed['image_id']}" in r.stdout, \
+        r.stdout[-3000:]
+    assert "sha256:" + "2" * 64 in r.stdout and "save it again (invoke build --save PATH)" in r.stdout
 
 
 def test_a_plain_http_registry_the_host_does_not_trust_names_insecure_registries(host, pulled):
