@@ -24,17 +24,19 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 apt_packages() {
   # debootstrap: the local test hosts' base; docker.io: the engine for builds and test hosts;
   # prometheus: promtool for rule/config tests; haproxy: the front door's loopback tests (haproxy -c, real admission);
-  # nftables: `nft -c` of the host firewall's script;
+  # nftables: `nft -c` of the host firewall's script; docker-registry: the registry the image phase's pull test
+  # pushes to and pulls from (Docker Hub is unreachable, so no registry image);
   # iproute2/numactl: host facts; python3-venv: the venv.
-  local want=(python3 python3-venv python3-dev gcc git patch debootstrap docker.io prometheus prometheus-node-exporter haproxy nftables iproute2 numactl curl ca-certificates rsync)
+  local want=(python3 python3-venv python3-dev gcc git patch debootstrap docker.io docker-registry prometheus prometheus-node-exporter haproxy nftables iproute2 numactl curl ca-certificates rsync)
   local missing=()
   for p in "${want[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
   if [ ${#missing[@]} -gt 0 ]; then
     log "apt: installing ${missing[*]}"
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    # The Debian prometheus and haproxy packages start their own servers; pdstack's tests run their own.
-    as_root systemctl disable --now prometheus prometheus-node-exporter haproxy >/dev/null 2>&1 || true
+    # The Debian prometheus, haproxy and docker-registry packages start their own servers; pdstack's tests run
+    # their own.
+    as_root systemctl disable --now prometheus prometheus-node-exporter haproxy docker-registry >/dev/null 2>&1 || true
   fi
 }
 

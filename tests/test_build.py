@@ -244,6 +244,18 @@ def test_unknown_flavor_is_refused():
         build(flavor="gpu")
 
 
+def test_a_later_build_without_push_keeps_the_push_record_of_the_same_image(tmp_path):
+    from pdstack.controller.imagebuild.ship import earlier_push
+
+    pushed = {"ref": "127.0.0.1:5000/pdstack/sim:0123", "digest_ref": "127.0.0.1:5000/pdstack/sim@sha256:" + "a" * 64}
+    m = tmp_path / "manifest-sim.json"
+    assert earlier_push(m, "pdstack/sim:0123", "sha256:1") is None  # no manifest yet
+    m.write_text(json.dumps({"tag": "pdstack/sim:0123", "image_id": "sha256:1", "pushed": pushed}))
+    assert earlier_push(m, "pdstack/sim:0123", "sha256:1") == pushed
+    assert earlier_push(m, "pdstack/sim:4567", "sha256:2") is None  # another build: its push is not this image's
+    assert earlier_push(m, "pdstack/sim:0123", "sha256:2") is None  # same tag, rebuilt (another id)
+
+
 def test_format_manifest_is_a_table():
     m = {"tag": "pdstack/sim:abc", "image_id": "sha256:" + "f" * 64, "size_bytes": 3e8, "base": {"ref": "x"},
          "inputs": {"files": {"a": "1"}}, "inputs_sha256": "ab" * 32, "noop": True, "seconds": 0.3,

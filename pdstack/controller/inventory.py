@@ -4,7 +4,8 @@ Variables (see inventory/production for a commented example; README "Writing a p
 
   group_vars/all/deployment.yml  pdstack_environment   production | local | test
   group_vars/all/model.yml       pdstack_model          model path on the host, served name, context length, family
-  group_vars/all/image.yml       pdstack_image          image reference and engine (sglang, or the sim test engine)
+  group_vars/all/image.yml       pdstack_image          build manifest or image reference, tarball or registry (pull
+                                                        by digest), engine (sglang, or the sim test engine)
   group_vars/all/router.yml      pdstack_router         router policy, admission control, retries, health checks
   host_vars/<host>/servers.yml   pdstack_servers        the prefill/decode servers of that host
   host_vars/<host>/*.yml         pdstack_address        address other hosts reach this one at (default: ansible_host)
@@ -120,6 +121,12 @@ IMAGE = Schema("pdstack_image", {
                       "and saved tarball come from it (path relative to the repo root)", default=None),
     "tarball": Field((str,), "saved image tarball on the controller that the image phase pushes (its sha256 in "
                      "<tarball>.sha256); default: the manifest's", default=None),
+    "registry": Field((str,), "registry the hosts pull from, HOST[:PORT] as the hosts reach it: the image phase "
+                      "`docker pull`s REGISTRY/pdstack/<flavor>@sha256:... (the digest `invoke build --push` recorded "
+                      "in the manifest, or `digest`) instead of copying a tarball; with `ref`, ref must be "
+                      "REGISTRY/...@sha256:<digest>", default=None),
+    "digest": Field((str,), "sha256:<64 hex>, the pushed image's digest (with manifest + registry); default: the "
+                    "manifest's pushed.digest_ref", default=None),
     "engine": Field((str,), "sglang (the GPU engine) or sim (the TEST ENGINE simulator; never in production)",
                     default="sglang", choices=ENGINES),
 })

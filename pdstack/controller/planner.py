@@ -15,9 +15,9 @@ import math
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from pdstack.controller import flags, inventory, preflight
+from pdstack.controller import flags, inventory, preflight, rules
 from pdstack.controller.inventory import Deployment
 from pdstack.controller.monitoring import DATASOURCE_UID, FOLDER
 from pdstack.errors import FactsError, InventoryError
@@ -92,6 +92,8 @@ class Plan:
     image: str | None
     image_id: str | None
     image_tarball: str | None
+    image_pull: str | None  # REGISTRY/REPO@sha256:... pulled by the image phase instead of a tarball
+    image_labels: dict[str, str]  # io.pdstack.* labels the image must carry (from the manifest; {} with a ref)
     model: dict[str, Any]
     servers: list[ServerPlan]
     router: RouterPlan
@@ -154,28 +156,70 @@ def _read_facts(p: Path) -> dict:
     return data
 
 
-def resolve_image(image: dict[str, Any], warnings: list[str], require: bool = True
-                  ) -> tuple[str | None, str | None, str | None]:
-    """(ref, image id, tarball) from pdstack_image: an explicit ref, or the manifest `invoke build` wrote.
-    A missing manifest is an error when `require` (deploying), else a warning and no image (planning)."""
+class ImageChoice(NamedTuple):
+    """What the plan says about the image: the reference units run, and how the image phase gets it there."""
+
+    ref: str | None  # the reference every unit runs
+    image_id: str | None  # docker image id from the manifest (the image phase checks it after a load or pull)
+    tarball: str | None  # absolute controller path of the tarball to copy and `docker load` (no registry)
+    pull: str | None  # REGISTRY/REPO@sha256:... the image phase `docker pull`s instead (pdstack_image.registry)
+    labels: dict[str, str]  # io.pdstack.* labels from the manifest that the image on the host must carry
+
+
+def _need(msg: str, require: bool, warnings: list[str]) -> None:
+    if require:
+        raise InventoryError([msg])
+    warnings.append(msg + " (the plan shows no image until then)")
+
+
+def resolve_image(image: dict[str, Any], warnings: list[str], require: bool = True) -> ImageChoice:
+    """The image from pdstack_image: an explicit ref, or the manifest `invoke build` wrote; pulled by digest when
+    pdstack_image.registry is set. A missing manifest (or push) is an error when `require` (deploying), else a
+    warning and no image (planning). The static checks (preflight) have already vetted the formats."""
+    flavor = "sim" if image["engine"] == "sim" else "prod"
+    registry = image.get("registry")
     if image["manifest"] is None:
-        return image["ref"], None, image["tarball"]
+        pull = image["ref"] if registry else None
+        return ImageChoice(image["ref"], None, None if pull else image["tarball"], pull, {})
     p = Path(image["manifest"])
     try:
         m = json.loads(p.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        flavor = "sim" if image["engine"] == "sim" else "prod"
-        msg = (f"pdstack_image.manifest: cannot read {p} ({e}); build the image first: invoke build --flavor {flavor} "
-               f"--save build/images/{flavor}.tar")
-        if require:
-            raise InventoryError([msg]) from e
-        warnings.append(msg + " (the plan shows no image until then)")
-        return None, None, None
-    saved = (m.get("saved") or {}).get("path")
-    tarball = image["tarball"] or saved
-    # relative paths are the repo root's (where `invoke build` and ansible-playbook run); the image role needs them
-    # absolute
-    return m["tag"], m.get("image_id"), str(Path(tarball).resolve()) if tarball else None
+        how = f"--push {registry}" if registry else f"--save build/images/{flavor}.tar"
+        _need(f"pdstack_image.manifest: cannot read {p} ({e}); build the image first: invoke build --flavor {flavor} "
+              f"{how}", require, warnings)
+        return ImageChoice(None, None, None, None, {})
+    if m.get("flavor", flavor) != flavor:
+        raise InventoryError([f"pdstack_image.manifest: {p} describes a {m['flavor']} image, but "
+                              f"pdstack_image.engine {image['engine']!r} runs the {flavor} image; point manifest at "
+                              f"build/manifest-{flavor}.json (or set engine to match)"])
+    tag = m["tag"]
+    labels = {k: v for k, v in sorted((m.get("labels") or {}).items()) if k.startswith("io.pdstack.")}
+    if not registry:
+        saved = (m.get("saved") or {}).get("path")
+        tarball = image["tarball"] or saved
+        # relative paths are the repo root's (where `invoke build` and ansible-playbook run); the image role needs
+        # them absolute
+        return ImageChoice(tag, m.get("image_id"), str(Path(tarball).resolve()) if tarball else None, None, labels)
+    repo = tag.partition(":")[0]
+    pushed = m.get("pushed") or {}
+    parts = rules.split_digest_ref(pushed.get("digest_ref") or "")
+    if pushed and (parts is None or parts[1] != repo or not str(pushed.get("ref", "")).endswith(f"/{tag}")):
+        raise InventoryError([f"pdstack_image.manifest: {p} records a push of {pushed.get('ref')!r} "
+                              f"({pushed.get('digest_ref')!r}), not of its image {tag}; push this image again: "
+                              f"invoke build --flavor {flavor} --push <registry>"])
+    digest = image.get("digest")
+    if parts and digest and digest != parts[2]:
+        raise InventoryError([f"pdstack_image.digest: {digest} is not the digest {p} recorded for {tag} "
+                              f"({parts[2]}, pushed as {pushed['digest_ref']}); remove digest to use the manifest's, "
+                              f"or point manifest at the build that pushed {digest}"])
+    digest = digest or (parts[2] if parts else None)
+    if digest is None:
+        _need(f"pdstack_image.registry is set, but {p} records no push of {tag} (no pushed.digest_ref), so there is "
+              f"no digest to pull: push it with `invoke build --flavor {flavor} --push <registry as this machine "
+              f"reaches it>` (e.g. 127.0.0.1:5000), or set pdstack_image.digest", require, warnings)
+        return ImageChoice(None, None, None, None, {})
+    return ImageChoice(tag, m.get("image_id"), None, f"{registry}/{repo}@{digest}", labels)
 
 
 def hicache_plan(s: dict, facts: dict, node: int, reserve_gb: float) -> HiCachePlan:
@@ -349,9 +393,10 @@ def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fal
                                    for k in ("max_concurrent_requests", "queue_size", "queue_timeout_secs")},
                         frontdoor=frontdoor_plan(dep),
                         stop_timeout_secs=dep.router["shutdown_grace_period_secs"] + 10)
-    ref, image_id, tarball = resolve_image(dep.image, dep.warnings, require=require_image)
-    return Plan(inventory=dep.source, environment=dep.environment, engine=dep.image["engine"], image=ref,
-                image_id=image_id, image_tarball=tarball, model=dep.model, servers=servers, router=router,
+    img = resolve_image(dep.image, dep.warnings, require=require_image)
+    return Plan(inventory=dep.source, environment=dep.environment, engine=dep.image["engine"], image=img.ref,
+                image_id=img.image_id, image_tarball=img.tarball, image_pull=img.pull, image_labels=img.labels,
+                model=dep.model, servers=servers, router=router,
                 monitoring_hosts=dep.monitoring_hosts, warnings=dep.warnings,
                 monitoring={"hosts": list(dep.monitoring_hosts),
                             "grafana": {"datasource_uid": DATASOURCE_UID, "folder": FOLDER},
@@ -368,7 +413,7 @@ def render_text(plan: Plan) -> str:
     """The plan for people."""
     out = [f"pdstack plan: {plan.inventory} ({plan.environment}, engine {plan.engine}"
            + (", TEST ENGINE" if plan.engine == "sim" else "") + ")",
-           f"  image  {plan.image}",
+           f"  image  {plan.image}" + (f" (pulled by digest: {plan.image_pull})" if plan.image_pull else ""),
            f"  model  {plan.model['served_name']} from {plan.model['path']} (context {plan.model['context_length']}, "
            f"index keys {plan.model['index_k_dtype']})", ""]
     for s in plan.servers:

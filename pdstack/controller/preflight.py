@@ -268,6 +268,42 @@ def static_problems(dep: Deployment, deploy: bool = True) -> list[str]:
     return p
 
 
+def _image_pull_problems(img: dict[str, Any], p: list[str]) -> None:
+    """pdstack_image.registry/digest: what can be checked without the manifest (the planner checks it)."""
+    reg, dig = img["registry"], img["digest"]
+    repo = "pdstack/sim" if img["engine"] == "sim" else "pdstack/sglang"  # what `invoke build --push` pushes
+    if dig is not None:
+        if reg is None:
+            p.append(f"pdstack_image.digest: set only with pdstack_image.registry (the image phase pulls "
+                     f"REGISTRY/{repo}@DIGEST); set registry, or remove digest")
+        if msg := rules.digest_problem(dig):
+            p.append(f"pdstack_image.digest: {msg}; use the digest `invoke build --push` recorded "
+                     "(pushed.digest_ref in the manifest), or remove digest to take it from the manifest")
+    if reg is None:
+        return
+    if msg := rules.registry_problem(reg):
+        p.append(f"pdstack_image.registry: {msg}")
+        return
+    if img["tarball"] is not None:
+        p.append("pdstack_image.tarball: set together with pdstack_image.registry; the image phase either pulls "
+                 "from the registry or copies a tarball: remove one of them")
+    ref = img["ref"]
+    if ref is None or rules.image_ref_problem(ref):
+        return
+    if dig is not None:
+        p.append("pdstack_image.digest: set together with ref; the digest is part of ref "
+                 f"({reg}/{repo}@sha256:...): remove digest")
+    parts = rules.split_digest_ref(ref)
+    if parts is None:
+        p.append(f"pdstack_image.ref: {ref!r} is not a digest reference; with pdstack_image.registry the hosts pull "
+                 f"by digest: set ref to {reg}/{repo}@sha256:<digest> (pushed.digest_ref in the manifest "
+                 "`invoke build --push` wrote, with the registry as the hosts reach it), or set manifest instead "
+                 "of ref")
+    elif parts[0] != reg:
+        p.append(f"pdstack_image.ref: {ref!r} names registry {parts[0]}, but pdstack_image.registry is {reg}; "
+                 f"make them agree ({reg}/{parts[1]}@{parts[2]})")
+
+
 def _deployment_problems(dep: Deployment, servers, p: list[str]) -> None:
     if dep.environment == "production" and dep.image["engine"] == "sim":
         p.append("pdstack_image.engine: 'sim' is the TEST ENGINE and never runs in production; set engine: sglang")
@@ -277,6 +313,7 @@ def _deployment_problems(dep: Deployment, servers, p: list[str]) -> None:
                  "from `invoke build`)")
     if img["ref"] is not None and (msg := rules.image_ref_problem(img["ref"])):
         p.append(f"pdstack_image.ref: {msg}")
+    _image_pull_problems(img, p)
     if msg := rules.unit_value_problem(dep.model["served_name"]):
         p.append(f"pdstack_model.served_name: {msg}; use a name like deepseek-v4-flash")
     if dep.model["family"] == "deepseek_v4" and dep.model["context_length"] > DSV4_MAX_CONTEXT:

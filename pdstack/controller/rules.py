@@ -62,6 +62,41 @@ def image_ref_problem(v: str) -> str | None:
     return None
 
 
+REGISTRY_RE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?")
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def registry_problem(v: str) -> str | None:
+    """None when `v` is a registry address Docker reads as one in REGISTRY/name@digest (HOST[:PORT])."""
+    if not REGISTRY_RE.fullmatch(v):
+        return (f"{v!r} is not a registry address: give HOST[:PORT] as the hosts reach it, no scheme, path or "
+                "spaces (e.g. registry.example.com:5000)")
+    host = v.partition(":")[0]
+    if ":" not in v and "." not in host and host != "localhost":
+        # distribution/reference: a first component without '.' or ':' (and not localhost) is a Docker Hub namespace
+        return (f"{v!r} would be read by Docker as a Docker Hub namespace, not a registry: add the port "
+                f"({v}:5000) or the domain ({v}.example.com)")
+    return None
+
+
+def digest_problem(v: str) -> str | None:
+    if not DIGEST_RE.fullmatch(v):
+        return f"{v!r} is not an image digest: expected sha256: followed by 64 lower-case hex digits"
+    return None
+
+
+def split_digest_ref(ref: str) -> tuple[str, str, str] | None:
+    """(registry, repository path, digest) of REGISTRY/PATH@sha256:<hex>; None when `ref` has no registry part or
+    no sha256 digest."""
+    name, sep, dig = ref.partition("@")
+    if not sep or digest_problem(dig) or "/" not in name:
+        return None
+    registry, _, path = name.partition("/")
+    if registry_problem(registry):
+        return None
+    return registry, path.partition(":")[0] if ":" in path.rsplit("/", 1)[-1] else path, dig
+
+
 # ------------------------------------------------------------------------------------ values reaching a unit
 
 # The unit template writes each argv word with Ansible's `quote` (shell quoting) and doubles '%'; systemd reads

@@ -16,7 +16,7 @@ from pdstack.controller.imagebuild.inputs import compute_inputs, image_tag
 from pdstack.controller.imagebuild.manifest import check_labels, git_revision, manifest_path
 from pdstack.controller.imagebuild.pins import default_series_dir, router_version
 from pdstack.controller.imagebuild.sbom import write_sbom
-from pdstack.controller.imagebuild.ship import push_image, save_image
+from pdstack.controller.imagebuild.ship import earlier_push, push_image, save_image
 
 
 def build(flavor: str = "prod", base: str | None = None, save: str | None = None, push: str | None = None,
@@ -83,10 +83,12 @@ def build(flavor: str = "prod", base: str | None = None, save: str | None = None
                                 "the locked base); scan that image with its vendor's SBOM")
     if save:
         out["saved"] = save_image(c, img, tag, Path(save))
+    path = Path(manifest) if manifest else manifest_path(flavor)
     if push:
         out["pushed"] = push_image(c, img, tag, push)
+    elif pushed := earlier_push(path, tag, img.id):
+        out["pushed"] = pushed  # a later build of the same image without --push keeps the digest hosts pull
     out["seconds"] = round(time.monotonic() - t0, 2)
-    path = Path(manifest) if manifest else manifest_path(flavor)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
     echo(f"{tag}: {out['size_bytes'] / 1e6:.0f} MB, {'no-op' if noop else 'built'} in {out['seconds']:.1f} s; "

@@ -18,7 +18,8 @@ def save_image(c, img, tag: str, path: Path) -> dict[str, Any]:
     sha_path = path.with_name(path.name + ".sha256")
     if meta_path.is_file() and path.is_file() and sha_path.is_file():
         meta = json.loads(meta_path.read_text())
-        if meta.get("image_id") == img.id and meta.get("bytes") == path.stat().st_size:
+        # "named": the tag the archive carries (older tarballs lack it: saved with the image's first tag, saved again)
+        if meta.get("image_id") == img.id and meta.get("bytes") == path.stat().st_size and meta.get("named") == tag:
             echo(f"{path} already holds {tag}")
             return meta
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -43,7 +44,9 @@ def save_image(c, img, tag: str, path: Path) -> dict[str, Any]:
         sink = _Hashing(raw)
         writer: Any = gzip.GzipFile(fileobj=sink, mode="wb", compresslevel=1, mtime=0) if path.suffix == ".gz" \
             else sink
-        for chunk in img.save(chunk_size=1 << 20, named=True):
+        # named=tag: the archive names exactly this tag (named=True takes the image's first tag, which after a
+        # --push can be REGISTRY/...: the image phase would then load an image without the plan's tag)
+        for chunk in img.save(chunk_size=1 << 20, named=tag):
             writer.write(chunk)
             done += len(chunk)
             if time.monotonic() - last > 5:
@@ -54,7 +57,8 @@ def save_image(c, img, tag: str, path: Path) -> dict[str, Any]:
     tmp.replace(path)
     digest = h.hexdigest()
     sha_path.write_text(f"{digest}  {path.name}\n")
-    meta = {"path": str(path), "sha256": digest, "bytes": path.stat().st_size, "image_id": img.id, "tag": tag}
+    meta = {"path": str(path), "sha256": digest, "bytes": path.stat().st_size, "image_id": img.id, "tag": tag,
+            "named": tag}
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     echo(f"saved {tag} to {path} ({meta['bytes'] / 1e6:.0f} MB, {time.monotonic() - t0:.0f} s); sha256 in {sha_path}")
     return meta
@@ -83,3 +87,15 @@ def push_image(c, img, tag: str, registry: str) -> dict[str, str]:
     if digest_ref is None:
         raise BuildError(f"pushed {target}:{version} but the engine reports no repo digest for it: {pushed}")
     return {"ref": f"{target}:{version}", "digest_ref": digest_ref}
+
+
+def earlier_push(manifest: Path, tag: str, image_id: str) -> dict[str, str] | None:
+    """The `pushed` record of the manifest at `manifest` when it describes this very image (same tag and id), so
+    that a later `invoke build` without --push (e.g. the demo's --save) keeps the digest the image phase pulls."""
+    try:
+        old = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return None
+    if old.get("tag") == tag and old.get("image_id") == image_id and isinstance(old.get("pushed"), dict):
+        return old["pushed"]
+    return None
