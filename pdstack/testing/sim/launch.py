@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -221,7 +223,9 @@ class FrontDoorProcess(ManagedProcess):
         # the maintenance switch (an empty ACL file) and the runtime API socket, as roles/frontdoor renders them
         self.maintenance_file = Path(log_dir) / f"haproxy-{self.port}-maintenance.acl"
         self.maintenance_file.write_text("")
-        self.socket_path = Path(log_dir) / f"haproxy-{self.port}.sock"
+        # a short directory of its own: a unix socket path must stay under 108 bytes (pytest's tmp paths are long)
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="pdstack-haproxy-"))
+        self.socket_path = self._socket_dir / "admin.sock"
         self.config_path.write_text(frontdoor.haproxy_config(self.fd, log="stdout format raw local0",
                                                              stats_socket=str(self.socket_path),
                                                              api_key_file=str(key_file) if key_file else None,
@@ -295,3 +299,9 @@ class FrontDoorProcess(ManagedProcess):
     def reload(self) -> None:
         """What `systemctl reload haproxy` does to Debian's master-worker unit: SIGUSR2 to the master."""
         os.kill(self.proc.pid, signal.SIGUSR2)
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        try:
+            return super().stop(timeout)
+        finally:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
