@@ -625,8 +625,10 @@ def test_restart_of_the_only_prefill_refuses_new_requests_with_503_and_loses_non
         assert x["seconds"] < 1.0, x
     assert max(x["seconds"] for x in results) < 30, "a request hung"
     assert all(x["stream"] is False or x["status"] != 200 or "[DONE]" in x["tail"] for x in results)
+    window = max(x["t0"] for x in refused) - min(x["t0"] for x in refused)
     print(f"only prefill restarted in a {took:.0f} s run: {len(refused)} of {len(results)} requests refused with 503 "
-          f"maintenance in <= {max(x['seconds'] for x in refused) * 1000:.0f} ms, 2 long streams in flight finished")
+          f"maintenance in <= {max(x['seconds'] for x in refused) * 1000:.0f} ms over {window:.1f} s (maintenance "
+          f"on to off), 2 long streams in flight finished ({max(x['seconds'] for x in long_streams):.1f} s)")
     code, body = completion(two_decode)
     assert code == 200, body
 
