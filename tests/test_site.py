@@ -542,6 +542,26 @@ def two_decode(hosts):
     return f"http://{hosts['pdstack-test-1']}:8000"
 
 
+def test_rollout_runs_are_idempotent_and_check_mode_restarts_nothing(two_decode):
+    """Right after the deploy: a second run changes nothing and restarts nothing (the router role's worker check, the
+    front door's maintenance file, the probe copy); check mode with a changed server restarts nothing either."""
+    host = "pdstack-test-1"
+    ids = {n: container_id(host, f"pdstack-{n}") for n in ("prefill-0", "decode-0", "decode-1")}
+    again = playbook(TWO)
+    assert again.returncode == 0, again.stdout[-4000:]
+    assert all(x["changed"] == 0 for x in recap(again.stdout).values()), again.stdout[-3000:]
+    changed = _servers_with_env({"decode-1": {"PDSTACK_ROLLOUT_TEST": "2"}})
+    check = playbook(TWO, "--check", "-e", changed)
+    assert check.returncode == 0, check.stdout[-4000:]
+    assert "a run would drain and restart it" in check.stdout
+    assert {n: container_id(host, f"pdstack-{n}") for n in ids} == ids  # nothing restarted by either
+    # every worker of the plan is in the router
+    r = sh(host, "python3", "-c", "import urllib.request; print(urllib.request.urlopen("
+           "'http://127.0.0.1:8001/workers').read().decode())")
+    listed = {w["url"] for w in json.loads(r.stdout)["workers"]}
+    assert listed == {"http://pdstack-test-1:30000", "http://pdstack-test-1:30001", "http://pdstack-test-1:30002"}
+
+
 def test_rolling_restart_of_two_decodes_under_steady_load_fails_no_request(two_decode):
     host, ports = "pdstack-test-1", {"prefill-0": 30000, "decode-0": 30001, "decode-1": 30002}
     urls = {n: f"http://pdstack-test-1:{p}" for n, p in ports.items()}
@@ -631,23 +651,3 @@ def test_restart_of_the_only_prefill_refuses_new_requests_with_503_and_loses_non
           f"on to off), 2 long streams in flight finished ({max(x['seconds'] for x in long_streams):.1f} s)")
     code, body = completion(two_decode)
     assert code == 200, body
-
-
-def test_rollout_runs_are_idempotent_and_check_mode_restarts_nothing(two_decode):
-    host = "pdstack-test-1"
-    back = playbook(TWO)  # the inventory's env again: a third rolling restart, then the deploy's gates
-    assert back.returncode == 0, back.stdout[-6000:]
-    ids = {n: container_id(host, f"pdstack-{n}") for n in ("prefill-0", "decode-0", "decode-1")}
-    again = playbook(TWO)
-    assert again.returncode == 0, again.stdout[-4000:]
-    assert all(x["changed"] == 0 for x in recap(again.stdout).values()), again.stdout[-3000:]
-    changed = _servers_with_env({"decode-1": {"PDSTACK_ROLLOUT_TEST": "2"}})
-    check = playbook(TWO, "--check", "-e", changed)
-    assert check.returncode == 0, check.stdout[-4000:]
-    assert "a run would drain and restart it" in check.stdout
-    assert {n: container_id(host, f"pdstack-{n}") for n in ids} == ids  # nothing restarted by either
-    # every worker of the plan is in the router
-    r = sh(host, "python3", "-c", "import urllib.request; print(urllib.request.urlopen("
-           "'http://127.0.0.1:8001/workers').read().decode())")
-    listed = {w["url"] for w in json.loads(r.stdout)["workers"]}
-    assert listed == {"http://pdstack-test-1:30000", "http://pdstack-test-1:30001", "http://pdstack-test-1:30002"}
