@@ -550,7 +550,7 @@ def test_rollout_runs_are_idempotent_and_check_mode_restarts_nothing(two_decode)
     again = playbook(TWO)
     assert again.returncode == 0, again.stdout[-4000:]
     assert all(x["changed"] == 0 for x in recap(again.stdout).values()), again.stdout[-3000:]
-    changed = _servers_with_env({"decode-1": {"PDSTACK_ROLLOUT_TEST": "2"}})
+    changed = _servers_with_env({"decode-1": {"ROLLOUT_TEST": "2"}})
     check = playbook(TWO, "--check", "-e", changed)
     assert check.returncode == 0, check.stdout[-4000:]
     assert "a run would drain and restart it" in check.stdout
@@ -570,8 +570,8 @@ def test_rolling_restart_of_two_decodes_under_steady_load_fails_no_request(two_d
     load = SteadyLoad(two_decode)
     time.sleep(3)
     t0 = time.time()
-    r = playbook(TWO, "--tags", "serving", "-e", _servers_with_env({"decode-0": {"PDSTACK_ROLLOUT_TEST": "1"},
-                                                                       "decode-1": {"PDSTACK_ROLLOUT_TEST": "1"}}))
+    r = playbook(TWO, "--tags", "serving", "-e", _servers_with_env({"decode-0": {"ROLLOUT_TEST": "1"},
+                                                                       "decode-1": {"ROLLOUT_TEST": "1"}}))
     took = time.time() - t0
     time.sleep(3)
     results, rows = load.stop(), poller.stop()
@@ -624,8 +624,9 @@ def test_restart_of_the_only_prefill_refuses_new_requests_with_503_and_loses_non
     time.sleep(1)
     load = SteadyLoad(two_decode, clients=3, tokens=16)
     t0 = time.time()
-    # only the prefill's environment changes (the decodes keep the previous test's)
-    r = playbook(TWO, "--tags", "serving", "-e", _servers_with_env({n: {"PDSTACK_ROLLOUT_TEST": "1"} for n in
+    # only the prefill's environment changes (the decodes keep the previous test's; KV-related env such as
+    # PDSTACK_* must agree between prefill and decode, preflight says, so the test uses an unrelated name)
+    r = playbook(TWO, "--tags", "serving", "-e", _servers_with_env({n: {"ROLLOUT_TEST": "1"} for n in
                                                                        ("prefill-0", "decode-0", "decode-1")}))
     took = time.time() - t0
     for t in holders:
