@@ -17,12 +17,15 @@ TOPO = ROOT / "tests" / "topologies"
 SCHEMA = json.loads(planner.SCHEMA_FILE.read_text())
 
 CASES = [("inventory/production", TOPO / "reference-2node-8gpu.json"),
-         ("inventory/local", None), ("inventory/test/one-host", None), ("inventory/test/three-host", None)]
+         ("inventory/local", None), ("inventory/test/one-host", None), ("inventory/test/three-host", None),
+         ("inventory/test/two-decode", None)]
 
 
 def _plan(inv: str, topo: Path | None) -> planner.Plan:
     dep = inventory.load(ROOT / inv)
-    facts = planner.load_facts(topo, list(dep.hosts)) if topo else dict.fromkeys(dep.hosts, collect(simulate_gpus=2))
+    sim_gpus = 3 if inv.endswith("two-decode") else 2  # its host_vars simulate a third GPU for decode-1
+    facts = (planner.load_facts(topo, list(dep.hosts)) if topo
+             else dict.fromkeys(dep.hosts, collect(simulate_gpus=sim_gpus)))
     return planner.make_plan(dep, facts)
 
 

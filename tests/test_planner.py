@@ -99,14 +99,22 @@ def test_front_door_config_from_the_plan_passes_haproxy_check(tmp_path: Path):
     if not Path(haproxy).exists():
         pytest.fail("haproxy is not installed: apt-get install haproxy (./dev.sh setup does)")
     fd = prod_plan().router.frontdoor
+    assert (fd["runtime_socket"], fd["maintenance_file"]) == (frontdoor.RUNTIME_SOCKET, frontdoor.MAINTENANCE_FILE)
+    (tmp_path / "maintenance.acl").write_text("")  # the role writes it empty (the switch off) before haproxy -c
     for key_file in (None, str(tmp_path / "keys")):
         (tmp_path / "keys").write_text("Bearer not-a-secret\n")
-        cfg = frontdoor.haproxy_config(fd, api_key_file=key_file, stats_socket=None)
+        cfg = frontdoor.haproxy_config(fd, api_key_file=key_file, stats_socket=None,
+                                       maintenance_file=str(tmp_path / "maintenance.acl"))
         assert "maxconn 32 " in cfg and "queue(pdstack_router) ge 64" in cfg and "timeout queue 30s" in cfg
         assert ("-f " + str(key_file) in cfg) == (key_file is not None)
         (tmp_path / "haproxy.cfg").write_text(cfg)
         r = subprocess.run([haproxy, "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True)
         assert r.returncode == 0 and "ALERT" not in r.stdout + r.stderr, r.stdout + r.stderr
+    # every refusal of its own names its reason in X-Pdstack-Refusal (the probe and recall read it)
+    for reason in ("queue-full", "maintenance"):
+        assert f"hdr X-Pdstack-Refusal {reason} " in cfg, reason
+    assert "hdr X-Pdstack-Refusal %[srv_is_up(pdstack_router/router),iif(queue-timeout,router-down)]" in cfg
+    assert "observe layer4 error-limit 1 on-error mark-down" in cfg  # a refused connection marks it down at once
     off = frontdoor.haproxy_config({**fd, "max_concurrent_requests": -1}, stats_socket=None)
     assert "maxconn 32" not in off and "pdstack_refuse" not in off
 

@@ -54,6 +54,7 @@ ROUTER = "group_vars/all/router.yml"
 MODEL = "group_vars/all/model.yml"
 IMAGE = "group_vars/all/image.yml"
 SMOKE = "group_vars/all/smoke.yml"
+ROLLOUT = "group_vars/all/rollout.yml"
 ADDRESS = Path("host_vars/gpu01/address.yml")
 
 
@@ -363,6 +364,18 @@ CASES = [
     C("backoff-cap-below-initial", ROUTER,
       lambda d: d["pdstack_router"]["retries"].update(initial_backoff_ms=500, max_backoff_ms=100),
       ["retries.max_backoff_ms", "below initial_backoff_ms 500"]),
+
+    C("rollout-drain-zero", ROLLOUT, lambda d: d["pdstack_rollout"].update(drain_timeout_secs=0),
+      ["pdstack_rollout.drain_timeout_secs", "must be > 0", "whole number of seconds, e.g. 600"]),
+    C("rollout-drain-not-a-number", ROLLOUT, lambda d: d["pdstack_rollout"].update(drain_timeout_secs="10m"),
+      ["pdstack_rollout.drain_timeout_secs", "expected integer", "'10m'"]),
+    C("rollout-drain-beyond-request-timeout", ROLLOUT, lambda d: d["pdstack_rollout"].update(drain_timeout_secs=900),
+      ["pdstack_rollout.drain_timeout_secs: 900 s is longer than pdstack_router.request_timeout_secs 600 s",
+       "set drain_timeout_secs <= 600, or leave it unset"]),
+    C("rollout-probe-negative", ROLLOUT, lambda d: d["pdstack_rollout"].update(probe_timeout_secs=-5),
+      ["pdstack_rollout.probe_timeout_secs", "must be > 0"]),
+    C("rollout-unknown-key", ROLLOUT, lambda d: d["pdstack_rollout"].update(drain_timeout=30),
+      ["pdstack_rollout.drain_timeout", "unknown key", "did you mean 'drain_timeout_secs'?"]),
 
     C("context-length-beyond-dsv4", MODEL, model(context_length=10_000_000),
       ["pdstack_model.context_length", "beyond DeepSeek V4's 1048576-token context", "context_length <= 1048576"]),

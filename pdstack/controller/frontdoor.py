@@ -16,7 +16,11 @@ admission lives in HAProxy (Debian's haproxy 2.6) in front of it, on the deploym
   away frees its slot, and a waiter that goes away leaves the queue (`option abortonclose`);
 - `timeout server`/`client` sit above the router's --request-timeout-secs, so the router's own timeout (and error)
   comes first; `hard-stop-after` bounds how long an old worker keeps draining after a reload;
-- HAProxy's built-in Prometheus exporter (`use-service prometheus-exporter`) on its own port.
+- HAProxy's built-in Prometheus exporter (`use-service prometheus-exporter`) on its own port;
+- every refusal of the front door's own says why, in the `X-Pdstack-Refusal` header and the body's "type":
+  `queue-full` (429), `queue-timeout` (503), `router-down` (503: its health check failed, or a connection to it
+  did), `maintenance` (503: the maintenance switch is on while the only server of a role restarts, roles/serving).
+  Each carries Retry-After. Only a 503 with `router-down` means the deployment is broken; the others are "retry".
 
 With N = -1 (admission off) no maxconn and no refusal rule are rendered.
 """
@@ -31,8 +35,18 @@ from typing import Any
 
 BACKEND = "pdstack_router"
 REFUSE_BACKEND = "pdstack_refuse"
+MAINTENANCE_BACKEND = "pdstack_maintenance"
 FRONTEND = "pdstack"
 SERVER = "router"
+# Every answer the front door itself refuses with names its reason in this header (and in the JSON body's "type"),
+# so clients and our gates tell "busy" from "router down" from "a planned restart" without parsing prose.
+REFUSAL_HEADER = "X-Pdstack-Refusal"
+QUEUE_FULL, QUEUE_TIMEOUT, ROUTER_DOWN, MAINTENANCE = "queue-full", "queue-timeout", "router-down", "maintenance"
+# The maintenance switch: an ACL pattern file (empty: off). `add acl FILE on` / `del acl FILE on` on HAProxy's
+# runtime API turn it on and off without a reload; a reload (or restart) reads the file again, so it comes back off.
+MAINTENANCE_FILE = "/etc/haproxy/pdstack-maintenance.acl"
+MAINTENANCE_ON = "on"
+RUNTIME_SOCKET = "/run/haproxy/admin.sock"  # HAProxy's runtime API (stats socket, level admin)
 
 
 def _json_error(message: str, kind: str, code: int) -> str:
@@ -43,16 +57,38 @@ def _json_error(message: str, kind: str, code: int) -> str:
     return body
 
 
+# the JSON body's "type" per reason (OpenAI-style names where one exists)
+BODY_TYPES = {QUEUE_FULL: "rate_limit_exceeded", QUEUE_TIMEOUT: "overloaded", ROUTER_DOWN: "router_down",
+              MAINTENANCE: "maintenance"}
+MESSAGES = {
+    QUEUE_TIMEOUT: "overloaded: no router slot became free within the queue timeout",
+    ROUTER_DOWN: "router down: sglang-router behind the front door does not answer",
+    MAINTENANCE: "maintenance: a server is restarting on purpose; retry after Retry-After seconds",
+}
+
+
+def _json_error_lf(up: str) -> str:
+    """The body of HAProxy's own 503 as a log-format string: queue timeout while the router is up, else router
+    down (`iif`: its arguments may hold spaces, not commas, parentheses or brackets)."""
+    body = _json_error("@MSG@", "@TYPE@", 503)
+    if any(c in MESSAGES[k] for k in (QUEUE_TIMEOUT, ROUTER_DOWN) for c in ",()[]%'"):
+        raise ValueError("the queue-timeout and router-down messages must not contain , ( ) [ ] % or '")
+    return (body.replace("@TYPE@", f"%[{up},iif({BODY_TYPES[QUEUE_TIMEOUT]},{BODY_TYPES[ROUTER_DOWN]})]")
+            .replace("@MSG@", f"%[{up},iif({MESSAGES[QUEUE_TIMEOUT]},{MESSAGES[ROUTER_DOWN]})]"))
+
+
 def haproxy_config(fd: dict[str, Any], *, log: str = "/dev/log local0", api_key_file: str | None = None,
-                   stats_socket: str | None = "/run/haproxy/admin.sock", user: str | None = None,
-                   chroot: str | None = None) -> str:
+                   stats_socket: str | None = RUNTIME_SOCKET, user: str | None = None,
+                   chroot: str | None = None, maintenance_file: str | None = MAINTENANCE_FILE) -> str:
     """haproxy.cfg text for the plan's `router.frontdoor` dict. `log`: HAProxy's log target (`stdout format raw
     local0` for a foreground test process); `api_key_file`: a file of accepted `Authorization` header values, one
     a line (requests without one of them get 401; read at start, before HAProxy drops privileges);
     `stats_socket`: the runtime API socket (None: none); `user`/`chroot`: as Debian's own haproxy.cfg
-    (haproxy, /var/lib/haproxy; Debian's unit bind-mounts /dev/log there)."""
+    (haproxy, /var/lib/haproxy; Debian's unit bind-mounts /dev/log there); `maintenance_file`: the ACL pattern file
+    of the maintenance switch (it must exist, empty; read at start, before the chroot; None: no switch)."""
     n, q, t = int(fd["max_concurrent_requests"]), int(fd["queue_size"]), int(fd["queue_timeout_secs"])
     ra = int(fd["retry_after_secs"])
+    up = f"srv_is_up({BACKEND}/{SERVER})"
     idle = int(fd["idle_timeout_secs"])
     out = [
         "# pdstack front door: admission control in front of sglang-router (pdstack/controller/frontdoor.py).",
@@ -95,6 +131,11 @@ def haproxy_config(fd: dict[str, Any], *, log: str = "/dev/log local0", api_key_
         out += [f"    http-request return status 401 content-type application/json string "
                 f"'{_json_error('missing or wrong API key (Authorization: Bearer KEY)', 'authentication_error', 401)}'"
                 f" unless {{ req.hdr(authorization) -m str -f {api_key_file} }}"]
+    if maintenance_file:
+        # a planned restart of the only server of a role (roles/serving): new requests get 503 at once, while the
+        # ones already in flight or queued finish
+        out += [f"    acl pdstack_maintenance str({MAINTENANCE_ON}) -m str -f {maintenance_file}",
+                f"    use_backend {MAINTENANCE_BACKEND} if pdstack_maintenance"]
     if n > 0:
         out += [f"    acl pdstack_slots_full srv_conn({BACKEND}/{SERVER}) ge {n}",
                 f"    acl pdstack_queue_full queue({BACKEND}) ge {q}",
@@ -104,20 +145,34 @@ def haproxy_config(fd: dict[str, Any], *, log: str = "/dev/log local0", api_key_
         f"backend {BACKEND}",
         "    option httpchk GET /liveness",
         "    http-check expect status 200",
-        # HAProxy's own 503s (queue timeout, router down) and the router's 503s carry Retry-After
-        f"    http-error status 503 content-type application/json hdr Retry-After {ra} string "
-        f"'{_json_error('overloaded or unavailable: no router slot became free in time', 'overloaded', 503)}'",
+        # HAProxy's own 503s carry Retry-After and say why: the router is down (its health check failed, or a
+        # connection to it failed: `observe layer4` marks it down at the first refused connection, so the answer
+        # after HAProxy's retries already knows), else a waiter's queue timeout. One http-error serves both, so
+        # its header and body pick by the server's state (log-format, iif).
+        f"    http-error status 503 content-type application/json hdr Retry-After {ra} "
+        f"hdr {REFUSAL_HEADER} %[{up},iif({QUEUE_TIMEOUT},{ROUTER_DOWN})] lf-string "
+        f"'{_json_error_lf(up)}'",
+        # the router's own 503s (no healthy worker) carry Retry-After too
         f"    http-response set-header Retry-After {ra} if {{ status 503 }} !{{ res.hdr(retry-after) -m found }}",
         f"    server {SERVER} {fd['backend_address']}:{int(fd['backend_port'])}"
         + (f" maxconn {n} maxqueue {max(q, 1)}" if n > 0 else "")
-        + " check inter 2s fall 2 rise 1",
+        + " check inter 2s fall 2 rise 1 observe layer4 error-limit 1 on-error mark-down",
         "",
     ]
     if n > 0:
         out += [
             f"backend {REFUSE_BACKEND}",
-            f"    http-request return status 429 content-type application/json hdr Retry-After {ra} string "
-            f"'{_json_error(f'too many requests: {n} in flight and {q} waiting', 'rate_limit_exceeded', 429)}'",
+            f"    http-request return status 429 content-type application/json hdr Retry-After {ra} "
+            f"hdr {REFUSAL_HEADER} {QUEUE_FULL} string "
+            f"'{_json_error(f'too many requests: {n} in flight and {q} waiting', BODY_TYPES[QUEUE_FULL], 429)}'",
+            "",
+        ]
+    if maintenance_file:
+        out += [
+            f"backend {MAINTENANCE_BACKEND}",
+            f"    http-request return status 503 content-type application/json hdr Retry-After {ra} "
+            f"hdr {REFUSAL_HEADER} {MAINTENANCE} string "
+            f"'{_json_error(MESSAGES[MAINTENANCE], BODY_TYPES[MAINTENANCE], 503)}'",
             "",
         ]
     out += [
@@ -138,13 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan", required=True, help="plan.json, or - for stdin")
     ap.add_argument("--log", default="/dev/log local0", help="HAProxy log target")
     ap.add_argument("--api-key-file", help="file of accepted Authorization header values (API key on)")
-    ap.add_argument("--stats-socket", default="/run/haproxy/admin.sock")
+    ap.add_argument("--stats-socket", default=RUNTIME_SOCKET, help=f"runtime API socket (default {RUNTIME_SOCKET})")
     ap.add_argument("--user", help="drop privileges to this user and its group (Debian: haproxy)")
     ap.add_argument("--chroot", help="chroot directory (Debian: /var/lib/haproxy)")
+    ap.add_argument("--maintenance-file", default=MAINTENANCE_FILE,
+                    help=f"ACL pattern file of the maintenance switch (default {MAINTENANCE_FILE}; '' for none)")
     a = ap.parse_args(argv)
     plan = json.loads(sys.stdin.read() if a.plan == "-" else Path(a.plan).read_text())
     sys.stdout.write(haproxy_config(plan["router"]["frontdoor"], log=a.log, api_key_file=a.api_key_file,
-                                    stats_socket=a.stats_socket or None, user=a.user, chroot=a.chroot))
+                                    stats_socket=a.stats_socket or None, user=a.user, chroot=a.chroot,
+                                    maintenance_file=a.maintenance_file or None))
     return 0
 
 

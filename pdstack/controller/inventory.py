@@ -7,6 +7,7 @@ Variables (see inventory/production for a commented example; README "Writing a p
   group_vars/all/image.yml       pdstack_image          build manifest or image reference, tarball or registry (pull
                                                         by digest), engine (sglang, or the sim test engine)
   group_vars/all/router.yml      pdstack_router         router policy, admission control, retries, health checks
+  group_vars/all/rollout.yml     pdstack_rollout        rolling restarts: drain and probe bounds
   host_vars/<host>/servers.yml   pdstack_servers        the prefill/decode servers of that host
   host_vars/<host>/*.yml         pdstack_address        address other hosts reach this one at (default: ansible_host)
 
@@ -43,6 +44,12 @@ def _port(v: Any) -> str | None:
 
 def _positive(v: Any) -> str | None:
     return None if v > 0 else f"{v} must be > 0"
+
+
+def _seconds(example: int):
+    def check(v: Any) -> str | None:
+        return None if v > 0 else f"{v} must be > 0: a whole number of seconds, e.g. {example}"
+    return check
 
 
 def _non_negative(v: Any) -> str | None:
@@ -252,6 +259,17 @@ PD = Schema("pdstack_pd", {
                                     "generate", default=20, check=_positive),
 })
 
+ROLLOUT = Schema("pdstack_rollout", {
+    "drain_timeout_secs": Field((int,), "seconds a server that is about to restart (new image, changed unit or env) "
+                                "gets for its in-flight requests to finish once no new ones reach it (taken out of "
+                                "the router, or the front door's maintenance switch when it is the only server of "
+                                "its role); then it is restarted anyway. Unset: pdstack_router.request_timeout_secs "
+                                "(no request outlives it)", default=None, check=_seconds(600)),
+    "probe_timeout_secs": Field((int,), "seconds a restarted server has, after its /health, to pass a real generation "
+                                "(prefill -> KV transfer -> decode) before it is put back; then the play fails and it "
+                                "stays out of the router", default=120, check=_seconds(120)),
+})
+
 SMOKE_GRID = Schema("grid", {
     "lengths": Field((list,), "recall context lengths, tokens", default=lambda: [1000, 2000, 4000, 8000, 16000, 32000],
                      check=lambda v: None if v and all(isinstance(x, int) and x > 0 for x in v)
@@ -311,6 +329,8 @@ TOP_LEVEL = {
     "pdstack_router": Field((dict,), "the router", default=dict, schema=ROUTER),
     "pdstack_pd": Field((dict,), "SGLang PD timeouts (environment of every server)", default=dict, schema=PD),
     "pdstack_smoke": Field((dict,), "the smoke checks after a deploy", default=dict, schema=SMOKE),
+    "pdstack_rollout": Field((dict,), "rolling restarts of the servers: drain and probe bounds", default=dict,
+                             schema=ROLLOUT),
 }
 HOST_LEVEL = {
     "pdstack_servers": Field((list,), "prefill/decode servers on this host", default=list, item_schema=SERVER),
@@ -355,6 +375,7 @@ class Deployment:
     monitoring_hosts: list[str]
     warnings: list[str] = field(default_factory=list)
     smoke: dict[str, Any] = field(default_factory=dict)
+    rollout: dict[str, Any] = field(default_factory=dict)
 
     def servers(self) -> list[tuple[Host, dict[str, Any]]]:
         return [(h, s) for h in self.hosts.values() for s in h.servers]
@@ -470,6 +491,7 @@ def build_deployment(hostvars: dict[str, dict[str, Any]], groups: dict[str, list
         router_host=router_hosts[0],
         monitoring_hosts=monitoring,
         smoke=top["pdstack_smoke"],
+        rollout=top["pdstack_rollout"],
     )
 
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pdstack.controller import flags, inventory, preflight, rules
+from pdstack.controller import flags, frontdoor, inventory, preflight, rules
 from pdstack.controller.inventory import Deployment
 from pdstack.controller.monitoring import DATASOURCE_UID, FOLDER
 from pdstack.errors import FactsError, InventoryError
@@ -62,6 +62,8 @@ class ServerPlan:
     flags: list[str]
     argv: list[str]
     env: dict[str, str]
+    # how a restart of this server loses nothing in flight (roles/serving, README "Rollouts"): see rollout_plan()
+    rollout: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -101,6 +103,8 @@ class Plan:
     warnings: list[str]
     # where Prometheus/Grafana run and the Grafana names the dashboards use: {hosts, grafana: {datasource_uid, folder}}
     monitoring: dict[str, Any] = field(default_factory=dict)
+    # the rollout bounds (pdstack_rollout, drain defaulting to the router's request timeout)
+    rollout: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -343,7 +347,29 @@ def frontdoor_plan(dep: Deployment) -> dict[str, Any]:
             "hard_stop_after_secs": r["request_timeout_secs"] + 60,
             "max_connections": max(4096, 4 * (adm["max_concurrent_requests"] + adm["queue_size"])),
             "metrics_bind": "0.0.0.0", "metrics_port": fd["metrics_port"],
+            # HAProxy's runtime API and the maintenance switch (an ACL file) that roles/serving flips over it
+            "runtime_socket": frontdoor.RUNTIME_SOCKET, "maintenance_file": frontdoor.MAINTENANCE_FILE,
             "metrics_url": f"http://{_url_host(dep.hosts[dep.router_host].address)}:{fd['metrics_port']}/metrics"}
+
+
+def rollout_plan(s: ServerPlan, servers: list[ServerPlan]) -> dict[str, Any]:
+    """How a restart of `s` loses nothing in flight. With another server of its role (`peers`), drain "router": it is
+    taken out of the router (sglang-router 0.3.2's DELETE /workers/{id}), its in-flight requests finish, it restarts,
+    passes /health and a generation through it (`probe`: prefill -> KV transfer -> decode, sent straight to the pair
+    as the router would), and is put back (POST /workers with `worker`). Alone in its role, drain "frontdoor": the
+    front door's maintenance switch answers new requests 503 + Retry-After while its in-flight ones finish and it
+    restarts; the switch goes off once the router serves through it again."""
+    peers = [o.name for o in servers if o.role == s.role and o.name != s.name]
+    other = next((o for o in servers if o.role != s.role), None)
+    prefill, decode = (s, other) if s.role == "prefill" else (other, s)
+    worker: dict[str, Any] = {"url": s.url, "worker_type": s.role}
+    if s.role == "prefill":
+        worker["bootstrap_port"] = s.ports["bootstrap"]
+    probe = None
+    if prefill is not None and decode is not None:
+        probe = {"prefill_url": prefill.url, "bootstrap_host": prefill.address,
+                 "bootstrap_port": prefill.ports["bootstrap"], "decode_url": decode.url}
+    return {"drain": "router" if peers else "frontdoor", "peers": peers, "worker": worker, "probe": probe}
 
 
 def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = False, deploy: bool | None = None
@@ -374,6 +400,8 @@ def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fal
             url=f"http://{_url_host(h.address)}:{s['ports']['http']}", hicache=hc, flags=fl, argv=[*launcher, *fl],
             env=server_env(dep, s)))
     for sp in servers:
+        sp.rollout = rollout_plan(sp, servers)
+    for sp in servers:
         err = flags.check_sglang(sp.flags)
         if err:  # the planner itself rendered something SGLang would refuse: a bug, not a user error
             raise InventoryError([f"server {sp.name}: SGLang 0.5.23 rejects the rendered argv: {err}"])
@@ -400,7 +428,9 @@ def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fal
                 monitoring_hosts=dep.monitoring_hosts, warnings=dep.warnings,
                 monitoring={"hosts": list(dep.monitoring_hosts),
                             "grafana": {"datasource_uid": DATASOURCE_UID, "folder": FOLDER},
-                            **exporter_ports(dep)})
+                            **exporter_ports(dep)},
+                rollout={"drain_timeout_secs": dep.rollout["drain_timeout_secs"] or dep.router["request_timeout_secs"],
+                         "probe_timeout_secs": dep.rollout["probe_timeout_secs"]})
 
 
 def exporter_ports(dep: Deployment) -> dict[str, int]:
@@ -424,7 +454,11 @@ def render_text(plan: Plan) -> str:
             out += ["  HiCache:"] + [f"   {line}" for line in s.hicache.arithmetic]
         else:
             out += ["  HiCache: off"]
-        out += [f"  env  {' '.join(f'{k}={v}' for k, v in s.env.items()) or '-'}",
+        ro = s.rollout
+        how = (f"taken out of the router while it drains (peers: {', '.join(ro['peers'])})" if ro["drain"] == "router"
+               else f"the front door answers 503 + Retry-After while it drains (the only {s.role})")
+        out += [f"  restart: {how}",
+                f"  env  {' '.join(f'{k}={v}' for k, v in s.env.items()) or '-'}",
                 f"  argv {' '.join(s.argv)}", ""]
     r = plan.router
     fd = r.frontdoor
@@ -435,6 +469,8 @@ def render_text(plan: Plan) -> str:
             f"{fd['retry_after_secs']} s",
             f"router on {r.host} ({r.internal_url} behind the front door, metrics {r.metrics_url}; stop: drain "
             f"{r.stop_timeout_secs - 10} s)", f"  argv {' '.join(r.argv)}", ""]
+    out += [f"rollouts: one server at a time, drain <= {plan.rollout['drain_timeout_secs']} s, probe <= "
+            f"{plan.rollout['probe_timeout_secs']} s", ""]
     out += [f"monitoring on {', '.join(plan.monitoring_hosts)}"]
     out += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(out)

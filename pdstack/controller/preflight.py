@@ -262,6 +262,7 @@ def static_problems(dep: Deployment, deploy: bool = True) -> list[str]:
         _server_problems(dep, host, i, s, p)
     _pd_agreement_problems(dep, servers, p)
     _router_problems(dep, p)
+    _rollout_problems(dep, p)
     _port_problems(dep, p)
     _address_problems(dep, p, deploy)
     _smoke_problems(dep, p)
@@ -525,6 +526,14 @@ def _router_problems(dep: Deployment, p: list[str]) -> None:
     if 0 <= ret["max_backoff_ms"] < ret["initial_backoff_ms"]:
         p.append(f"pdstack_router.retries.max_backoff_ms: {ret['max_backoff_ms']} is below initial_backoff_ms "
                  f"{ret['initial_backoff_ms']}; the cap must be >= the first backoff")
+
+
+def _rollout_problems(dep: Deployment, p: list[str]) -> None:
+    drain, limit = dep.rollout.get("drain_timeout_secs"), dep.router["request_timeout_secs"]
+    if isinstance(drain, int) and not isinstance(drain, bool) and isinstance(limit, int) and drain > limit:
+        p.append(f"pdstack_rollout.drain_timeout_secs: {drain} s is longer than pdstack_router.request_timeout_secs "
+                 f"{limit} s; no request lives longer than that (the router cuts it), so the rest of the wait could "
+                 f"only be spent on a wedged request: set drain_timeout_secs <= {limit}, or leave it unset (= {limit})")
 
 
 # ------------------------------------------------------------------------------------------------ ports

@@ -37,6 +37,7 @@ from typing import Any
 
 from pdstack.controller import apikey, results
 from pdstack.controller.smoke_settings import DEFAULTS, NO_TOKENIZER, list_type
+from pdstack.hostside.probe import BUSY_REASONS, REFUSAL_HEADER, ROUTER_DOWN_REASON, refusal_reason
 
 RETRIES = 3  # retries of a 429/408 refusal
 MAX_NEW_TOKENS = 32  # answer length cap
@@ -181,11 +182,17 @@ def ask(url: str, prompt: str, needle: Needle, timeout: float, max_new_tokens: i
             with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (the deployment's router)
                 raw = r.read().decode("utf-8", "replace")
         except urllib.error.HTTPError as e:
-            refused = e.code in (429, 408) or (e.code == 503 and e.headers.get("Retry-After") is not None)  # front door
+            detail = e.read(300).decode("utf-8", "replace")
+            reason = refusal_reason(e.code, e.headers.get(REFUSAL_HEADER), detail)
+            # busy (queue full/timeout, a planned restart) is retried; the router down is not: it is the answer
+            refused = reason in BUSY_REASONS or (reason is None and e.code == 503
+                                                 and e.headers.get("Retry-After") is not None)
             if refused and attempt < retries:
                 time.sleep(backoff_s * (2 ** attempt))
                 continue
-            detail = apikey.refused(e.code, headers) or e.read(300).decode("utf-8", "replace")
+            if reason == ROUTER_DOWN_REASON:
+                detail = f"router down (the front door: {REFUSAL_HEADER}: router-down): {detail}"
+            detail = apikey.refused(e.code, headers) or detail
             status = "refused" if refused else "http"
             return Outcome(needle.key, needle.depth, status, latency_s=time.monotonic() - start, http_status=e.code,
                            detail=detail or f"HTTP {e.code}")

@@ -10,9 +10,10 @@ so a pass proves tokens flowed through prefill, the KV transfer and decode:
 When it fails it names the stage (exit codes are stable; the watchdog and systemd units act on them):
 
     0  ok                tokens flowed; the answer carries the code
-    10 router-down       the router did not accept the connection (unit down, wrong URL)
-    11 admission         refused: 429 (queue full), 408, or 503 + Retry-After (the front door's queue timeout): busy,
-                         not broken, no restart
+    10 router-down       the router did not accept the connection (unit down, wrong URL), or the front door says
+                         so (503, X-Pdstack-Refusal: router-down: sglang-router behind it does not answer)
+    11 admission         refused: 429 (queue full), 408, or the front door's 503 for a queue timeout or a planned
+                         restart (X-Pdstack-Refusal: queue-timeout / maintenance): busy, not broken, no restart
     12 http-error        any other HTTP error from the router or a worker (5xx, 4xx), or a malformed stream
     13 prefill/transfer  no first token before --first-token-timeout (the prompt never reached decode)
     14 decode            the first token came, then the stream stalled past --stall-timeout; or no first token while
@@ -50,6 +51,27 @@ STAGES = {OK: "ok", ROUTER_DOWN: "router-down", ADMISSION: "admission", HTTP_ERR
           PREFILL_TRANSFER: "prefill/transfer", DECODE: "decode", ABORTED: "aborted", WRONG_ANSWER: "wrong-answer",
           AUTH: "auth"}
 PROBE_KEY = "pdstack probe"
+# The front door's refusals name their reason (pdstack/controller/frontdoor.py renders them; the names must agree).
+REFUSAL_HEADER = "X-Pdstack-Refusal"
+QUEUE_FULL, QUEUE_TIMEOUT, ROUTER_DOWN_REASON, MAINTENANCE = "queue-full", "queue-timeout", "router-down", "maintenance"
+BUSY_REASONS = (QUEUE_FULL, QUEUE_TIMEOUT, MAINTENANCE)  # retry later; not broken
+
+
+def refusal_reason(status: int, header: str | None, body: str = "") -> str | None:
+    """Why the front door (or an admission layer) refused a request: queue-full, queue-timeout, router-down,
+    maintenance; None when the answer is not a refusal (any other error is the deployment's). `header`: the
+    answer's X-Pdstack-Refusal. 429/408 without it (another limiter) read as queue-full/queue-timeout."""
+    if header in (*BUSY_REASONS, ROUTER_DOWN_REASON):
+        return header
+    if status == 429:
+        return QUEUE_FULL
+    if status == 408:
+        return QUEUE_TIMEOUT
+    if status == 503 and '"type": "router_down"' in (body or ""):
+        return ROUTER_DOWN_REASON
+    if status == 503 and '"type": "overloaded"' in (body or ""):
+        return QUEUE_TIMEOUT
+    return None
 
 
 @dataclass
@@ -126,11 +148,25 @@ def _no_first_token(snap: dict, waited: float) -> ProbeResult:
     return _result(PREFILL_TRANSFER, f"no first token after {waited:.1f}s: stuck in {where}{hint}", workers=snap)
 
 
+def _pair_prefill(prefill_url: str, body: dict, timeout: float) -> None:
+    """The prefill half of a direct PD request (as the router sends it): its answer is not used, only its work."""
+    req = urllib.request.Request(prefill_url.rstrip("/") + "/generate", data=json.dumps(body).encode(),
+                                 method="POST", headers={"Content-Type": "application/json"})
+    with contextlib.suppress(OSError, urllib.error.URLError, http.client.HTTPException, ValueError):
+        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (the deployment's own server)
+            r.read()
+
+
 def probe(url: str, *, first_token_timeout: float = 60.0, stall_timeout: float = 15.0, total_timeout: float = 120.0,
           max_new_tokens: int = 16, prefill: list[str] | None = None, decode: list[str] | None = None,
-          code: str | None = None, check_answer: bool = True, headers: dict[str, str] | None = None) -> ProbeResult:
+          code: str | None = None, check_answer: bool = True, headers: dict[str, str] | None = None,
+          pair: tuple[str, str, int] | None = None) -> ProbeResult:
     """One streamed /generate through the router. Never raises for network or HTTP problems. `headers`: sent
     with the request (the front door's `Authorization`, pdstack/controller/apikey.py).
+
+    `pair` (prefill URL, bootstrap host, bootstrap port): send it straight to one PD pair instead, as sglang-router
+    does (the same body to the prefill and to the decode at `url`, with bootstrap_host/port/room): a server taken
+    out of the router for a restart is probed that way before it is put back.
 
     A reader thread does the blocking HTTP work and posts events; this thread enforces the deadlines and, when one
     passes, snapshots the workers' queues (while the request is still in flight) and cuts the connection."""
@@ -139,6 +175,13 @@ def probe(url: str, *, first_token_timeout: float = 60.0, stall_timeout: float =
     prompt = f"The secret code for {PROBE_KEY} is {secret}. What is the secret code for {PROBE_KEY}?"
     body = {"text": prompt, "stream": True,
             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}
+    if pair is not None:
+        body.update(bootstrap_host=pair[1], bootstrap_port=int(pair[2]),
+                    bootstrap_room=random.SystemRandom().randrange(1, 2 ** 63))
+        threading.Thread(target=_pair_prefill, args=(pair[0], body, total_timeout), name="pdstack-probe-prefill",
+                         daemon=True).start()
+        prefill = prefill or [pair[0]]
+        decode = decode or [url]
     parsed = urllib.parse.urlsplit(url.rstrip("/"))
     conn_cls = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
     conn = conn_cls(parsed.hostname or "127.0.0.1", parsed.port or (443 if parsed.scheme == "https" else 80),
@@ -157,7 +200,7 @@ def probe(url: str, *, first_token_timeout: float = 60.0, stall_timeout: float =
             resp = conn.getresponse()
             if resp.status != 200:
                 events.put(("status", resp.status, resp.read(500).decode("utf-8", "replace").strip(),
-                            resp.getheader("Retry-After")))
+                            resp.getheader("Retry-After"), resp.getheader(REFUSAL_HEADER)))
                 return
             events.put(("status", 200, "", None))
             for line in resp:
@@ -227,14 +270,18 @@ class _Stream:
         if kind == "error":
             return self._partial(HTTP_ERROR, f"connection broke after {self.tokens} token(s): {ev[1]!r}")
         if kind == "status":
-            status, detail, retry_after = ev[1], ev[2], ev[3] if len(ev) > 3 else None
-            # the front door's own 503 (pdstack/controller/frontdoor.py) says "overloaded" and carries Retry-After
-            front_door_503 = status == 503 and retry_after is not None and '"type": "overloaded"' in (detail or "")
-            if status in (429, 408) or front_door_503:
-                why = {429: "queue full (429)", 408: "queue timeout (408)"}.get(
-                    status, f"503 + Retry-After {retry_after} (the front door: no slot within its queue timeout, or "
-                    "the router behind it is down)")
-                return _result(ADMISSION, f"admission refused the probe: {why}; busy, not broken",
+            status, detail = ev[1], ev[2]
+            retry_after = ev[3] if len(ev) > 3 else None
+            reason = refusal_reason(status, ev[4] if len(ev) > 4 else None, detail)
+            if reason == ROUTER_DOWN_REASON:
+                return _result(ROUTER_DOWN, f"router down: the front door at {url} answers {status} "
+                                            f"({REFUSAL_HEADER}: router-down): sglang-router behind it does not "
+                                            "answer", http_status=status)
+            if reason is not None:
+                why = {QUEUE_FULL: f"queue full ({status})", QUEUE_TIMEOUT: f"queue timeout ({status})",
+                       MAINTENANCE: f"maintenance ({status}): a server is restarting (planned)"}[reason]
+                ra = f", Retry-After {retry_after}" if retry_after is not None else ""
+                return _result(ADMISSION, f"admission refused the probe: {why}{ra}; busy, not broken",
                                http_status=status)
             if status in (401, 403):
                 why = ("the key sent is not one it accepts" if self.key_sent
@@ -292,7 +339,10 @@ class _Stream:
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", required=True, help="router URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--url", required=True, help="router URL, e.g. http://127.0.0.1:8000 (with --pair: a decode's)")
+    p.add_argument("--pair", nargs=3, metavar=("PREFILL_URL", "BOOTSTRAP_HOST", "BOOTSTRAP_PORT"),
+                   help="probe one PD pair directly, as the router would: this prefill (its bootstrap address) and "
+                   "the decode at --url (a server out of the router for a restart)")
     p.add_argument("--prefill", action="append", default=[], metavar="URL",
                    help="a prefill server's URL (repeatable): its queues attribute a missing first token")
     p.add_argument("--decode", action="append", default=[], metavar="URL",
@@ -312,7 +362,8 @@ def register(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     res = probe(args.url, first_token_timeout=args.first_token_timeout, stall_timeout=args.stall_timeout,
                 total_timeout=args.timeout, max_new_tokens=args.max_new_tokens, prefill=args.prefill,
-                decode=args.decode, check_answer=not args.no_check_answer)
+                decode=args.decode, check_answer=not args.no_check_answer,
+                pair=(args.pair[0], args.pair[1], int(args.pair[2])) if args.pair else None)
     line = f"pdstack probe {args.url}: {'PASS' if res.ok else 'FAIL'} [{res.stage}, exit {res.code}] {res.message}"
     print(line, file=sys.stdout if res.ok else sys.stderr)
     if args.json:

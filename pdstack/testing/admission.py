@@ -149,23 +149,24 @@ class Sampler:
 
 
 def request(url: str, tokens: int, timeout: float = 180.0, stream: bool = False) -> dict:
-    """One /generate through `url`: {status, seconds, retry_after, body (first 200 chars), tail (last 200)}."""
+    """One /generate through `url`: {status, seconds, retry_after, refusal (the front door's X-Pdstack-Refusal),
+    body (first 200 chars), tail (last 200)}."""
     body = {"text": "Tell me a story.", "stream": stream, "sampling_params": {"max_new_tokens": tokens}}
     req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     t0 = time.monotonic()
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (loopback)
-            status, ra = r.status, r.headers.get("Retry-After")
+            status, ra, why = r.status, r.headers.get("Retry-After"), r.headers.get("X-Pdstack-Refusal")
             try:
                 raw = r.read()
             except http.client.IncompleteRead as e:  # the body was cut off (a stream past a timeout or a drain)
                 raw = e.partial + TRUNCATED
     except urllib.error.HTTPError as e:
-        status, raw, ra = e.code, e.read(), e.headers.get("Retry-After")
+        status, raw, ra, why = e.code, e.read(), e.headers.get("Retry-After"), e.headers.get("X-Pdstack-Refusal")
     except (OSError, http.client.HTTPException) as e:
-        status, raw, ra = 0, str(e).encode(), None
-    return {"status": status, "seconds": time.monotonic() - t0, "retry_after": ra,
+        status, raw, ra, why = 0, str(e).encode(), None, None
+    return {"status": status, "seconds": time.monotonic() - t0, "retry_after": ra, "refusal": why,
             "body": raw[:200].decode("utf-8", "replace"), "tail": raw[-200:].decode("utf-8", "replace")}
 
 

@@ -5,7 +5,9 @@ behind the front door (real HAProxy), in front of a sim prefill + decode; all on
   (pdstack_router.circuit_breaker.timeout_secs) the first success comes within 15 s of the new prefill's /health.
 - router stopped with requests in flight: it drains for --shutdown-grace-period-secs; what finishes within it
   completes with [DONE], a longer stream is cut at the end of it; meanwhile the front door answers new requests
-  with 503 + Retry-After at once; a router started again serves.
+  with 503 + Retry-After, named router-down (not busy) for clients and the probe; a router started again serves.
+- the front door's maintenance switch (a planned restart of the only server of a role): streams in flight finish,
+  new requests get 503 + Retry-After (X-Pdstack-Refusal: maintenance) at once, none hangs; off, it serves again.
 - wedged decode: a stream is cut at --request-timeout-secs, a non-stream request gets 502 after timeout x attempts;
   either way its front-door slot is freed.
 """
@@ -19,6 +21,7 @@ import time
 
 import pytest
 
+from pdstack.hostside import probe
 from pdstack.testing import admission
 from pdstack.testing.admission import DECODE_TPS, request
 from pdstack.testing.sim.launch import http_get
@@ -98,6 +101,15 @@ def test_router_stop_drains_in_flight_within_its_grace_and_the_front_door_answer
         # the front door: 503 + Retry-After, not hung (HAProxy retries a refused connection 3 times, 1 s apart, until
         # its health check takes the router out, ~4 s; then at once)
         assert during["status"] == 503 and during["retry_after"] == "1" and during["seconds"] < 5, during
+        # ... and it says "router down", not "busy" (X-Pdstack-Refusal, the body's type): once at the first refused
+        # connection (observe layer4), then at once for the next
+        assert during["refusal"] == "router-down" and '"type": "router_down"' in during["body"], during
+        after = request(fd.url, 4, timeout=30)
+        assert (after["status"], after["refusal"]) == (503, "router-down") and after["seconds"] < 0.5, after
+        pr = probe.probe(fd.url, first_token_timeout=3, stall_timeout=2, total_timeout=5)
+        assert pr.code == probe.ROUTER_DOWN and "router down" in pr.message, pr  # the smoke/liveness gates' words
+        print(f"router down: the first new request refused with router-down in {during['seconds']:.2f} s, the next "
+              f"in {after['seconds']:.3f} s")
         st.restart_router()
         deadline = time.monotonic() + 10
         while (r := request(fd.url, 4))["status"] != 200:
@@ -121,3 +133,31 @@ def test_wedged_decode_cuts_streams_at_the_request_timeout_and_frees_the_slot(tm
         assert fd.metric("haproxy_server_current_sessions", proxy="pdstack_router") == 0
         st.decode.fault(wedge_decode=False)
         assert request(fd.url, 8)["status"] == 200
+
+
+def test_maintenance_switch_refuses_new_requests_at_once_while_in_flight_ones_finish(tmp_path):
+    with admission.Stack(tmp_path, router_extra=admission.rendered_router_flags()) as st:
+        fd = st.with_frontdoor(max_concurrent_requests=8, queue_size=16, queue_timeout_secs=10)
+        assert request(fd.url, 4)["status"] == 200
+        streams: list[dict] = []
+        ths = [threading.Thread(target=lambda: streams.append(request(fd.url, int(3 * DECODE_TPS), stream=True,
+                                                                       timeout=60))) for _ in range(3)]
+        for t in ths:
+            t.start()
+        time.sleep(0.5)
+        fd.maintenance(True)
+        during = [request(fd.url, 4, timeout=30) for _ in range(5)]
+        assert fd.metric("haproxy_server_current_sessions", proxy="pdstack_router") == 3  # still streaming
+        for t in ths:
+            t.join(60)
+        assert [r["status"] for r in streams] == [200] * 3, streams
+        assert all(r["tail"].rstrip().endswith("data: [DONE]") for r in streams), streams
+        for r in during:
+            assert (r["status"], r["retry_after"], r["refusal"]) == (503, "1", "maintenance"), r
+            assert '"type": "maintenance"' in r["body"] and r["seconds"] < 0.5, r
+        pr = probe.probe(fd.url, first_token_timeout=3, stall_timeout=2, total_timeout=5)
+        assert pr.code == probe.ADMISSION and "maintenance" in pr.message, pr  # busy, not broken: no restart
+        fd.maintenance(False)
+        assert request(fd.url, 4)["status"] == 200
+        print(f"maintenance: new requests refused in <= {max(r['seconds'] for r in during) * 1000:.1f} ms while 3 "
+              "streams finished")

@@ -118,13 +118,16 @@ PD_OVERVIEW = Dashboard(
             Panel("Prefix cache hit rate", "percentunit", [("sglang:cache_hit_rate", "{{server}}")]),
         ]),
         ("Admission (front door, HAProxy)", [
-            Panel("Refused requests/s (429 queue full, 503 queue timeout)", "reqps",
+            Panel("Refused requests/s (429 queue full, 503 queue timeout, 503 maintenance)", "reqps",
                   [(f'sum by (host) (rate(haproxy_backend_http_responses_total{{proxy="pdstack_refuse"}}[{RATE}]))',
                     "429 queue full {{host}}"),
                    (f'sum by (host) (rate(haproxy_backend_connection_errors_total{{proxy="pdstack_router"}}[{RATE}]))',
-                    "503 queue timeout / router refused {{host}}")],
+                    "503 queue timeout / router refused {{host}}"),
+                   (f'sum by (host) (rate(haproxy_backend_http_responses_total{{proxy="pdstack_maintenance"}}'
+                    f'[{RATE}]))', "503 maintenance (a rolling restart) {{host}}")],
                   "HAProxy's counters: backend pdstack_refuse answers every 429; a queue timeout is a connection "
-                  "error of backend pdstack_router."),
+                  "error of backend pdstack_router; backend pdstack_maintenance answers while the maintenance switch "
+                  "is on (the only server of a role restarting)."),
             Panel("In flight to the router and waiting, against the limits", "short",
                   [('sum by (host) (haproxy_server_current_sessions{proxy="pdstack_router"})', "in flight {{host}}"),
                    ('sum by (host) (haproxy_backend_current_queue{proxy="pdstack_router"})', "waiting {{host}}"),

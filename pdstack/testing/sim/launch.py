@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -218,9 +220,16 @@ class FrontDoorProcess(ManagedProcess):
             key_file = Path(log_dir) / f"haproxy-{self.port}.keys"
             key_file.write_text(f"Bearer {api_key}\n")
             key_file.chmod(0o600)
+        # the maintenance switch (an empty ACL file) and the runtime API socket, as roles/frontdoor renders them
+        self.maintenance_file = Path(log_dir) / f"haproxy-{self.port}-maintenance.acl"
+        self.maintenance_file.write_text("")
+        # a short directory of its own: a unix socket path must stay under 108 bytes (pytest's tmp paths are long)
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="pdstack-haproxy-"))
+        self.socket_path = self._socket_dir / "admin.sock"
         self.config_path.write_text(frontdoor.haproxy_config(self.fd, log="stdout format raw local0",
-                                                             stats_socket=None,
-                                                             api_key_file=str(key_file) if key_file else None))
+                                                             stats_socket=str(self.socket_path),
+                                                             api_key_file=str(key_file) if key_file else None,
+                                                             maintenance_file=str(self.maintenance_file)))
         if not Path(self.HAPROXY).exists():
             raise PdstackError(f"{self.HAPROXY} not found: apt-get install haproxy (./dev.sh setup does)")
         check = subprocess.run([self.HAPROXY, "-c", "-f", str(self.config_path)], capture_output=True, text=True)
@@ -267,6 +276,32 @@ class FrontDoorProcess(ManagedProcess):
                     total = (total or 0.0) + s.value
         return total
 
+    def runtime(self, command: str) -> str:
+        """One command on HAProxy's runtime API (its stats socket), as `socat stdio SOCKET` sends it."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(str(self.socket_path))
+            s.sendall(command.encode() + b"\n")
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+        return out.decode()
+
+    def maintenance(self, on: bool) -> None:
+        """The maintenance switch, as roles/serving flips it around a restart of the only server of a role."""
+        from pdstack.controller import frontdoor
+
+        verb = "add" if on else "del"
+        out = self.runtime(f"{verb} acl {self.maintenance_file} {frontdoor.MAINTENANCE_ON}").strip()
+        if out and not (not on and "not found" in out.lower()):
+            raise PdstackError(f"{self.name}: {verb} acl: {out}")
+
     def reload(self) -> None:
         """What `systemctl reload haproxy` does to Debian's master-worker unit: SIGUSR2 to the master."""
         os.kill(self.proc.pid, signal.SIGUSR2)
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        try:
+            return super().stop(timeout)
+        finally:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)

@@ -55,6 +55,8 @@ class SimServer:
         self.metrics = SimMetrics(cfg)
         self.engine = Engine(cfg, self.metrics, self.faults)
         self.started = time.monotonic()
+        self.started_wall = time.time()  # /_sim/state: tells a restarted process from the one before
+        self.received = 0  # generation requests that reached this process (/_sim/state)
         self.session: aiohttp.ClientSession | None = None
         self._runners: list[web.AppRunner] = []
 
@@ -232,6 +234,7 @@ class SimServer:
             "bootstrap_queue": e.bootstrap_queue, "inflight_queue": e.inflight_queue,
             "prealloc_queue": e.prealloc_queue, "transfer_queue": e.transfer_queue,
             "rooms": len(e.rooms.rooms) if e.rooms is not None else None, "cached_tokens": e.cache.tokens,
+            "received": self.received, "started_at": self.started_wall,
             **self._info_common()})
 
     # ------------------------------------------------------------------ generation
@@ -239,6 +242,7 @@ class SimServer:
         """The reject_status fault: answer at the HTTP level (stream or not), before any engine work."""
 
         async def wrapped(request: web.Request) -> web.StreamResponse:
+            self.received += 1
             status = self.faults.reject_status
             if status is None:
                 return await handler(request)
