@@ -31,11 +31,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import site_helpers
+from site_helpers import BIN, ROOT, engine_or_skip, host_file, recap, sh
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 ONE = ROOT / "inventory" / "test" / "one-host"
 
 PREFIX = "pdstack-test"  # inventory/test/one-host names pdstack-test-1
@@ -44,38 +44,8 @@ REGISTRY_BIN = shutil.which("docker-registry") or "/usr/bin/docker-registry"
 WRONG = "sha256:" + "1" * 64
 
 
-def _engine_or_skip():
-    docker = pytest.importorskip("docker")
-    try:
-        docker.from_env().ping()
-    except Exception as e:  # CI starts dockerd (./dev.sh); a developer machine may not run one
-        if os.environ.get("CI"):
-            pytest.fail(f"CI=true but no Docker engine is reachable ({e}); .ci/run must start it (./dev.sh setup)")
-        pytest.skip(f"no Docker engine reachable ({e}); ./dev.sh setup starts one")
-
-
-def sh(host: str, *cmd: str, timeout: int = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", "exec", host, *cmd], capture_output=True, text=True, timeout=timeout)
-
-
-def host_file(host: str, path: str) -> str | None:
-    r = sh(host, "cat", path)
-    return r.stdout if r.returncode == 0 else None
-
-
-def recap(out: str) -> dict[str, dict[str, int]]:
-    rows = {}
-    for m in re.finditer(r"^(\S+)\s+: ((?:\w+=\d+\s*)+)$", out, re.M):
-        rows[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
-    assert rows, f"no PLAY RECAP in:\n{out[-3000:]}"
-    return rows
-
-
 def playbook(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-           "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"}
-    return subprocess.run([str(BIN / "ansible-playbook"), "site.yml", "-i", str(ONE), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return site_helpers.playbook(ONE, *args, timeout=timeout)
 
 
 def image_vars(**image) -> str:
@@ -91,7 +61,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     """docker-registry on 0.0.0.0:PORT (the controller pushes on loopback, test hosts pull at their gateway)."""
-    _engine_or_skip()
+    engine_or_skip()
     if not Path(REGISTRY_BIN).exists():
         if os.environ.get("CI"):
             pytest.fail("CI=true but docker-registry is not installed; ./dev.sh setup installs it")

@@ -17,10 +17,8 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import re
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -29,30 +27,19 @@ from pathlib import Path
 
 import pytest
 import yaml
+from site_helpers import BIN, ROOT, engine_or_skip, host_file, playbook, recap, sh
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 PREFIX = "pdstack-test"  # inventory/test/* name these hosts
 ONE = ROOT / "inventory" / "test" / "one-host"
 THREE = ROOT / "inventory" / "test" / "three-host"
 
 
-def _engine_or_skip():
-    docker = pytest.importorskip("docker")
-    try:
-        docker.from_env().ping()
-    except Exception as e:  # CI starts dockerd (./dev.sh); a developer machine may not run one
-        if os.environ.get("CI"):
-            pytest.fail(f"CI=true but no Docker engine is reachable ({e}); .ci/run must start it (./dev.sh setup)")
-        pytest.skip(f"no Docker engine reachable ({e}); ./dev.sh setup starts one")
-
-
 @pytest.fixture(scope="module")
 def sim_image():
     """The sim image saved where inventory/test points (build/manifest-sim.json, build/images/sim.tar)."""
-    _engine_or_skip()
+    engine_or_skip()
     from pdstack.controller.imagebuild import build
     return build("sim", save=str(ROOT / "build" / "images" / "sim.tar"))
 
@@ -68,34 +55,10 @@ def hosts(sim_image):
         testhost.down(prefix=PREFIX)
 
 
-def playbook(inventory: Path | str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-           "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"}
-    return subprocess.run([str(BIN / "ansible-playbook"), "site.yml", "-i", str(inventory), *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def recap(out: str) -> dict[str, dict[str, int]]:
-    rows = {}
-    for m in re.finditer(r"^(\S+)\s+: ((?:\w+=\d+\s*)+)$", out, re.M):
-        rows[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
-    assert rows, f"no PLAY RECAP in:\n{out[-3000:]}"
-    return rows
-
-
-def sh(host: str, *cmd: str, timeout: int = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", "exec", host, *cmd], capture_output=True, text=True, timeout=timeout)
-
-
 def container_id(host: str, name: str) -> str | None:
     """The container's id, or None while it does not exist (between a stop and systemd's restart)."""
     r = sh(host, "docker", "inspect", "--format", "{{.Id}}", name)
     return r.stdout.strip() if r.returncode == 0 else None
-
-
-def host_file(host: str, path: str) -> str | None:
-    r = sh(host, "cat", path)
-    return r.stdout if r.returncode == 0 else None
 
 
 def post(url: str, body: dict, timeout: float = 60) -> tuple[int, str]:

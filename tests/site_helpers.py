@@ -1,0 +1,48 @@
+"""Helpers of the tests that run site.yml against systemd test hosts (tests/test_site.py, tests/test_image_pull.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def engine_or_skip() -> None:
+    docker = pytest.importorskip("docker")
+    try:
+        docker.from_env().ping()
+    except Exception as e:  # CI starts dockerd (./dev.sh); a developer machine may not run one
+        if os.environ.get("CI"):
+            pytest.fail(f"CI=true but no Docker engine is reachable ({e}); .ci/run must start it (./dev.sh setup)")
+        pytest.skip(f"no Docker engine reachable ({e}); ./dev.sh setup starts one")
+
+
+def playbook(inventory: Path | str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+           "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"}
+    return subprocess.run([str(BIN / "ansible-playbook"), "site.yml", "-i", str(inventory), *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def recap(out: str) -> dict[str, dict[str, int]]:
+    rows = {}
+    for m in re.finditer(r"^(\S+)\s+: ((?:\w+=\d+\s*)+)$", out, re.M):
+        rows[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
+    assert rows, f"no PLAY RECAP in:\n{out[-3000:]}"
+    return rows
+
+
+def sh(host: str, *cmd: str, timeout: int = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", "exec", host, *cmd], capture_output=True, text=True, timeout=timeout)
+
+
+def host_file(host: str, path: str) -> str | None:
+    r = sh(host, "cat", path)
+    return r.stdout if r.returncode == 0 else None
