@@ -1,4 +1,4 @@
-"""The front door's API key in the smoke tools (pdstack/controller/apikey.py): read from the environment (a 0600 file
+"""The front door's API key in the smoke tools (controller/gates/apikey.py): read from the environment (a 0600 file
 or the variable), sent by every gate, and a 401 named as the key's fault.
 
 Against the real HAProxy with the config pdstack renders with a key required (pdstack.testing.sim.launch
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pdstack import cli
-from pdstack.controller import apikey, bench, churn, gates_tools, recall
+from pdstack.controller.gates import apikey, bench, churn, gates_tools, recall
 from pdstack.hostside import probe
 from pdstack.testing.sim.launch import FrontDoorProcess
 from pdstack.testing.sim.vocab import TOKENIZER_DIR

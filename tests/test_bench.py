@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pdstack.controller import bench
+from pdstack.controller.gates import bench
 
 
 def test_percentiles():

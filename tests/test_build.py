@@ -113,7 +113,7 @@ def test_sim_tag_covers_only_what_the_sim_image_contains(tmp_path):
     assert "pdstack/testing/sim/server.py" in files and "pdstack/cli.py" in files
     assert not any(f.startswith(("pdstack/controller/", "pdstack/hostside/", "pdstack/image/",
                                  "pdstack/testing/testhost")) for f in files), sorted(files)
-    planner = root / "pdstack" / "controller" / "planner.py"
+    planner = root / "pdstack" / "controller" / "plan" / "planner.py"
     planner.write_text(planner.read_text() + "\n# an edit the sim image does not contain\n")
     (root / "pdstack" / "testing" / "testhost" / "hosts.py").write_text("# edited\n")
     assert _sim_tag(root) == first

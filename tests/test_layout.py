@@ -47,3 +47,47 @@ def test_the_check_sees_a_function_local_import(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("def f():\n    from pdstack.testing.sim.vocab import TOKENIZER_DIR\n    import pdstack.testing\n")
     assert pdstack_imports(f) == [(2, "pdstack.testing.sim.vocab"), (3, "pdstack.testing")]
+
+
+# The controller's pipeline, one way down (pdstack/controller/pipeline.py): a stage imports only from the stages
+# above it, so the checks never reach into the planner and the planner never into what renders or gates its output.
+STAGES = ("load", "check", "plan", "render", "gates")
+# Side pipelines beside the stages: the image build reads the plan; locks is a leaf utility.
+SIDE = {"imagebuild": "plan", "locks": "load"}
+
+
+def _stage(mod: str) -> int | None:
+    parts = mod.split(".")
+    if parts[:2] != ["pdstack", "controller"] or len(parts) < 3:
+        return None
+    if parts[2] in STAGES:
+        return STAGES.index(parts[2])
+    if parts[2] in SIDE:
+        return STAGES.index(SIDE[parts[2]])
+    if parts[2] == "pipeline":
+        return len(STAGES)  # the driver: it runs every stage, and no stage imports it
+    return None
+
+
+def test_the_controller_is_its_pipeline_stages_and_nothing_else():
+    ctl = PKG / "controller"
+    loose = sorted(p.name for p in ctl.iterdir()
+                   if p.suffix == ".py" and p.stem not in ("__init__", "pipeline", "locks"))
+    dirs = sorted(p.name for p in ctl.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert not loose, f"controller/ modules outside a stage folder: {loose}"
+    assert dirs == sorted([*STAGES, "imagebuild"]), dirs
+
+
+def test_each_stage_imports_only_the_stages_above_it():
+    bad = []
+    for p in sorted((PKG / "controller").rglob("*.py")):
+        mod = ".".join(p.relative_to(PKG.parent).with_suffix("").parts).removesuffix(".__init__")
+        own = _stage(mod)
+        if own is None:
+            continue
+        for line, imp in pdstack_imports(p):
+            other = _stage(imp)
+            if other is not None and other > own:
+                bad.append(f"{p.relative_to(PKG.parent)}:{line}: {mod.split('.')[2]} imports {imp} (a later stage)")
+    assert not bad, "one way down: load -> check -> plan -> render -> gates\n" + "\n".join(bad)
+

@@ -12,8 +12,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdstack.controller import inventory, planner
-from pdstack.controller.monitoring import dashboards, scrape
+from pdstack.controller import pipeline
+from pdstack.controller.load import inventory
+from pdstack.controller.render.monitoring import dashboards, scrape
 from pdstack.hostside.facts import parse_cpulist
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,10 +64,10 @@ def test_alerts_named_in_the_issue_exist():
 @pytest.mark.parametrize("d", dashboards.DASHBOARDS, ids=lambda d: d.uid)
 def test_committed_dashboard_json_is_the_generators_output(d):
     path = dashboards.DASHBOARD_DIR / f"{d.uid}.json"
-    assert path.exists(), f"{path} missing: run python -m pdstack.controller.monitoring dashboards"
+    assert path.exists(), f"{path} missing: run python -m pdstack.controller.render.monitoring dashboards"
     assert path.read_text() == dashboards.render(d), (
-        f"{path} differs from the generator (pdstack/controller/monitoring/dashboards.py): run "
-        "python -m pdstack.controller.monitoring dashboards and commit the JSON")
+        f"{path} differs from the generator (pdstack/controller/render/monitoring/dashboards.py): run "
+        "python -m pdstack.controller.render.monitoring dashboards and commit the JSON")
 
 
 def test_no_stray_dashboard_json():
@@ -104,8 +105,8 @@ def test_role_provisions_dashboards_into_the_sglang_folder_never_general():
 
 def _plan(inv: str, topo: str) -> dict:
     dep = inventory.load(ROOT / inv)
-    facts = planner.load_facts(ROOT / "tests/topologies" / topo, [h.name for h in dep.hosts.values()])
-    return planner.make_plan(dep, facts).to_dict()
+    facts = pipeline.load_facts(ROOT / "tests/topologies" / topo, [h.name for h in dep.hosts.values()])
+    return pipeline.make_plan(dep, facts).to_dict()
 
 
 @needs_promtool

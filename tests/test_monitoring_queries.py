@@ -1,6 +1,6 @@
 """Every dashboard query returns series from a real Prometheus (slow; CI runs it).
 
-Prometheus 2.42 (Debian) scrapes, every second, with the scrape config pdstack.controller.monitoring generates: a sim
+Prometheus 2.42 (Debian) scrapes, every second, with the scrape config controller/render/monitoring generates: a sim
 prefill and a sim decode (the TEST ENGINE, SGLang's metric names), the real sglang-router 0.3.2 in front of them, the
 front door (the real HAProxy and its Prometheus exporter; admission limits small enough that a burst gets 429/503),
 node_exporter 1.5 (NUMA meminfo + pdstack's textfile metrics), and a static server that replays the recorded
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdstack.controller.monitoring import dashboards, queries, scrape
+from pdstack.controller.render.monitoring import dashboards, queries, scrape
 from pdstack.hostside import facts as host_facts
 from pdstack.testing.sim.launch import (
     LOCALHOST,

@@ -1,4 +1,4 @@
-"""The plan is a documented contract (pdstack/controller/plan.schema.json): what the planner writes matches it, the
+"""The plan is a documented contract (pdstack/controller/plan/plan.schema.json): what the planner writes matches it, the
 schema is not vacuous, and every plan field a role or playbook reads is one the schema describes."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pdstack.controller import inventory, planner
+from pdstack.controller import pipeline
+from pdstack.controller.load import inventory
+from pdstack.controller.plan import planner
 from pdstack.hostside.facts import collect
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,9 +26,9 @@ CASES = [("inventory/production", TOPO / "reference-2node-8gpu.json"),
 def _plan(inv: str, topo: Path | None) -> planner.Plan:
     dep = inventory.load(ROOT / inv)
     sim_gpus = 3 if inv.endswith("two-decode") else 2  # its host_vars simulate a third GPU for decode-1
-    facts = (planner.load_facts(topo, list(dep.hosts)) if topo
+    facts = (pipeline.load_facts(topo, list(dep.hosts)) if topo
              else dict.fromkeys(dep.hosts, collect(simulate_gpus=sim_gpus)))
-    return planner.make_plan(dep, facts)
+    return pipeline.make_plan(dep, facts)
 
 
 @pytest.mark.parametrize(("inv", "topo"), CASES, ids=[f"{i}:{t.stem if t else 'sim'}" for i, t in CASES])

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdstack.controller import flags, inventory, planner
+from pdstack.controller import pipeline
+from pdstack.controller.load import flags, inventory
+from pdstack.controller.plan import planner
 from pdstack.errors import InventoryError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +25,7 @@ REF = TOPO / "reference-2node-8gpu.json"
 
 def prod_plan() -> planner.Plan:
     dep = inventory.load(ROOT / "inventory" / "production")
-    return planner.make_plan(dep, planner.load_facts(REF, list(dep.hosts)))
+    return pipeline.make_plan(dep, pipeline.load_facts(REF, list(dep.hosts)))
 
 
 def test_reference_plan_places_prefill_on_numa0_and_decode_on_numa1():
@@ -93,7 +95,7 @@ def test_front_door_config_from_the_plan_passes_haproxy_check(tmp_path: Path):
     """The rendered haproxy.cfg is accepted by the real haproxy (`haproxy -c`, what the role's validate: runs)."""
     import subprocess
 
-    from pdstack.controller import frontdoor
+    from pdstack.controller.render import frontdoor
 
     haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
     if not Path(haproxy).exists():
@@ -127,7 +129,7 @@ def test_index_k_fp8_drops_the_patch_switch(tmp_path: Path):
     d["pdstack_model"]["index_k_dtype"] = "fp8"
     f.write_text(yaml.safe_dump(d))
     dep = inventory.load(inv)
-    p = planner.make_plan(dep, planner.load_facts(REF, list(dep.hosts)))
+    p = pipeline.make_plan(dep, pipeline.load_facts(REF, list(dep.hosts)))
     assert all(planner.BF16_INDEX_K_ENV not in s.env for s in p.servers)
 
 
@@ -212,13 +214,13 @@ def test_local_inventory_plans_on_a_simulated_host():
     dep = inventory.load(ROOT / "inventory" / "local")
     from pdstack.hostside.facts import collect
     facts = collect(simulate_gpus=2)
-    p = planner.make_plan(dep, dict.fromkeys(dep.hosts, facts))
+    p = pipeline.make_plan(dep, dict.fromkeys(dep.hosts, facts))
     assert p.engine == "sim" and p.servers[0].argv[:2] == ["pdstack", "sim"]
     assert p.servers[0].hicache.ratio == 0.5
 
 
 def test_pd_timeout_defaults_are_sglangs_own():
-    from pdstack.controller.inventory import PD
+    from pdstack.controller.load.inventory import PD
     from pdstack.upstream import sglang_module
     environ = sglang_module("sglang.srt.environ")
     for key, name in planner.PD_ENV.items():
@@ -237,11 +239,11 @@ def test_missing_build_manifest_warns_when_planning_and_fails_when_deploying(tmp
     hosts = inv / "hosts.yml"
     hosts.write_text(hosts.read_text().replace("192.0.2.10", "10.1.2.3"))
     dep = inventory.load(inv)
-    facts = planner.load_facts(REF, list(dep.hosts))
-    p = planner.make_plan(dep, facts)
+    facts = pipeline.load_facts(REF, list(dep.hosts))
+    p = pipeline.make_plan(dep, facts)
     assert p.image is None and any("build the image first: invoke build --flavor prod" in w for w in p.warnings)
     with pytest.raises(InventoryError, match="cannot read .*none.json"):
-        planner.make_plan(inventory.load(inv), facts, require_image=True)
+        pipeline.make_plan(inventory.load(inv), facts, require_image=True)
 
 
 def test_build_manifest_gives_tag_id_and_absolute_tarball(tmp_path: Path):
@@ -351,12 +353,12 @@ def test_deepseek_v4_renders_its_tool_call_and_reasoning_parsers_and_no_chat_tem
 
 def test_parsers_can_be_overridden_or_turned_off(tmp_path: Path):
     dep = _with_model(tmp_path, tool_call_parser="deepseekv41", reasoning_parser="off")
-    p = planner.make_plan(dep, planner.load_facts(REF, list(dep.hosts)))
+    p = pipeline.make_plan(dep, pipeline.load_facts(REF, list(dep.hosts)))
     assert _value(p.servers[0].flags, "--tool-call-parser") == "deepseekv41"
     assert "--reasoning-parser" not in p.servers[0].flags
     other = _with_model(tmp_path / "o", family="other")
-    assert "--tool-call-parser" not in planner.make_plan(
-        other, planner.load_facts(REF, list(other.hosts))).servers[0].flags
+    assert "--tool-call-parser" not in pipeline.make_plan(
+        other, pipeline.load_facts(REF, list(other.hosts))).servers[0].flags
 
 
 def test_a_parser_sglang_does_not_know_is_refused_naming_the_variable(tmp_path: Path):

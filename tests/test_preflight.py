@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdstack.controller import flags, inventory, planner, preflight, rules
+from pdstack.controller import pipeline
+from pdstack.controller.check import preflight
+from pdstack.controller.load import flags, inventory, rules
+from pdstack.controller.plan import planner
 from pdstack.errors import InventoryError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +46,7 @@ def inv(tmp_path: Path) -> Path:
 
 def plan(inv: Path, topo: str = "reference-2node-8gpu.json"):
     dep = inventory.load(inv)
-    return planner.make_plan(dep, planner.load_facts(TOPO / topo, list(dep.hosts)))
+    return pipeline.make_plan(dep, pipeline.load_facts(TOPO / topo, list(dep.hosts)))
 
 
 def servers(fn):
@@ -528,7 +531,7 @@ def test_bad_inventory_is_rejected_with_its_message(inv: Path, tmp_path: Path, r
     facts = _facts(tmp_path, facts_edit)
     with pytest.raises(InventoryError) as err:
         dep = inventory.load(inv)
-        planner.make_plan(dep, planner.load_facts(facts, list(dep.hosts)), deploy=deploy)
+        pipeline.make_plan(dep, pipeline.load_facts(facts, list(dep.hosts)), deploy=deploy)
     msg = str(err.value)
     for fragment in expected:
         assert fragment in msg, f"{fragment!r} not in:\n{msg}"
@@ -588,13 +591,13 @@ def test_simulated_gpus_refused_for_sglang_engine(inv: Path, tmp_path: Path):
     f.write_text(json.dumps(topo))
     dep = inventory.load(inv)
     with pytest.raises(InventoryError, match="GPUs are simulated"):
-        planner.make_plan(dep, planner.load_facts(f, list(dep.hosts)))
+        pipeline.make_plan(dep, pipeline.load_facts(f, list(dep.hosts)))
 
 
 def test_missing_facts_say_how_to_get_them(inv: Path):
     dep = inventory.load(inv)
     with pytest.raises(InventoryError, match=r"no facts; run the facts phase .* `pdstack plan --facts"):
-        planner.make_plan(dep, {})
+        pipeline.make_plan(dep, {})
 
 
 def test_cli_reports_problems_and_exit_code(inv: Path):
@@ -673,7 +676,7 @@ def test_model_limits_are_checked_when_the_facts_read_config_json_and_it_says_so
         inv: Path, tmp_path: Path, model_facts, warning):
     facts = _facts(tmp_path, None if model_facts is None else with_model(**model_facts))
     dep = inventory.load(inv)
-    p = planner.make_plan(dep, planner.load_facts(facts, list(dep.hosts)))
+    p = pipeline.make_plan(dep, pipeline.load_facts(facts, list(dep.hosts)))
     said = [w for w in p.warnings if "were not checked against the model" in w]
     assert (warning in said[0]) if warning else not said, p.warnings
 
@@ -683,7 +686,7 @@ def test_allow_longer_context_env_turns_the_refusal_into_a_warning(inv: Path, tm
         SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN="1") for x in s]))
     facts = _facts(tmp_path, with_model(context_length=65536, num_attention_heads=64))
     dep = inventory.load(inv)
-    p = planner.make_plan(dep, planner.load_facts(facts, list(dep.hosts)))
+    p = pipeline.make_plan(dep, pipeline.load_facts(facts, list(dep.hosts)))
     assert any("beyond the model's 65536" in w and "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1" in w
                for w in p.warnings)
 
@@ -692,7 +695,7 @@ def test_ib_device_present_on_the_host_is_rendered(inv: Path, tmp_path: Path):
     _edit(inv, SERVERS, servers(lambda s: [x["transfer"].update(ib_device="mlx5_0,mlx5_1") for x in s]))
     facts = _facts(tmp_path, lambda f: f.update(infiniband=["mlx5_0", "mlx5_1"]))
     dep = inventory.load(inv)
-    fl = planner.make_plan(dep, planner.load_facts(facts, list(dep.hosts))).servers[1].flags
+    fl = pipeline.make_plan(dep, pipeline.load_facts(facts, list(dep.hosts))).servers[1].flags
     assert fl[fl.index("--disaggregation-ib-device") + 1] == "mlx5_0,mlx5_1"
 
 
@@ -748,7 +751,7 @@ def _replace(value, path, new):
 def test_fuzz_wrong_types_everywhere_give_a_message_never_a_traceback():
     hostvars, groups = inventory.load_hostvars(PROD)
     hostvars["gpu01"]["pdstack_address"] = "10.0.0.10"
-    facts = planner.load_facts(TOPO / "reference-2node-8gpu.json", list(hostvars))
+    facts = pipeline.load_facts(TOPO / "reference-2node-8gpu.json", list(hostvars))
     paths = [p for p in _paths(hostvars["gpu01"]) if len(p) >= 1]
     tried = refused = 0
     for path in paths:
@@ -756,7 +759,7 @@ def test_fuzz_wrong_types_everywhere_give_a_message_never_a_traceback():
             hv = {"gpu01": _replace(hostvars["gpu01"], path, new)}
             tried += 1
             try:
-                p = planner.make_plan(inventory.build_deployment(hv, groups), facts)
+                p = pipeline.make_plan(inventory.build_deployment(hv, groups), facts)
             except InventoryError as e:
                 refused += 1
                 assert e.problems and all(isinstance(p, str) and p for p in e.problems)
@@ -771,7 +774,7 @@ def test_fuzz_wrong_types_everywhere_give_a_message_never_a_traceback():
 def test_fuzz_extra_args_of_every_kind_give_a_message_never_a_traceback():
     hostvars, groups = inventory.load_hostvars(PROD)
     hostvars["gpu01"]["pdstack_address"] = "10.0.0.10"
-    facts = planner.load_facts(TOPO / "reference-2node-8gpu.json", list(hostvars))
+    facts = pipeline.load_facts(TOPO / "reference-2node-8gpu.json", list(hostvars))
     options = sorted(o[2:] for o in flags.sglang_parser()._option_string_actions if o.startswith("--"))
     router_options = sorted(o[2:] for o in flags.router_parser()._option_string_actions if o.startswith("--"))
     rng = random.Random(11)
@@ -783,7 +786,7 @@ def test_fuzz_extra_args_of_every_kind_give_a_message_never_a_traceback():
             else:
                 hv["gpu01"]["pdstack_servers"][0]["extra_args"][key] = new
             try:
-                p = planner.make_plan(inventory.build_deployment(hv, groups), facts)
+                p = pipeline.make_plan(inventory.build_deployment(hv, groups), facts)
             except InventoryError as e:
                 assert e.problems
                 continue
@@ -822,7 +825,7 @@ def test_every_fixed_listener_names_a_real_role_default():
     # The port list reads roles/<role>/defaults/main.yml, with no fallback: a renamed role or variable is an error.
     import re
 
-    src = (ROOT / "pdstack" / "controller" / "preflight.py").read_text()
+    src = (ROOT / "pdstack" / "controller" / "check" / "network.py").read_text()
     fixed = re.findall(r'_fixed\("(\w+)",', src)
     assert sorted(fixed) == sorted(inventory.ROLE_PORT_VARS), fixed
     for key, role in inventory.ROLE_PORT_VARS.items():
@@ -845,7 +848,7 @@ def test_exporter_ports_have_one_source_the_role_defaults(inv: Path):
     from ansible.parsing.dataloader import DataLoader
     from ansible.template import Templar, trust_as_template
 
-    from pdstack.controller.monitoring import scrape
+    from pdstack.controller.render.monitoring import scrape
 
     ne = rules.role_port("node_exporter", "node_exporter_port")
     dc = rules.role_port("dcgm_exporter", "dcgm_exporter_port")

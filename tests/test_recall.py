@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pdstack.controller import recall
+from pdstack.controller.gates import recall
 from pdstack.testing.sim import model
 from pdstack.testing.sim.vocab import TOKENIZER_DIR as SIM_TOKENIZER
 

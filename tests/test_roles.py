@@ -38,7 +38,7 @@ def test_a_roles_plan_input_points_at_the_plan_schema(role: Path):
     for ep in _specs(role).values():
         o = (ep.get("options") or {}).get(f"{role.name}_plan")
         if o:
-            assert "pdstack/controller/plan.schema.json" in o["description"], f"{role.name}_plan: name the schema"
+            assert "pdstack/controller/plan/plan.schema.json" in o["description"], f"{role.name}_plan: name the schema"
 
 
 @pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])

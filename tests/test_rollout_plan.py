@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pdstack.controller import frontdoor, inventory, planner
+from pdstack.controller import pipeline
+from pdstack.controller.load import inventory
+from pdstack.controller.plan import planner
+from pdstack.controller.render import frontdoor
 from pdstack.hostside import probe
 from pdstack.hostside.facts import collect
 
@@ -21,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _plan(inv: str, gpus: int = 2) -> planner.Plan:
     dep = inventory.load(ROOT / inv)
-    return planner.make_plan(dep, dict.fromkeys(dep.hosts, collect(simulate_gpus=gpus))).validate()
+    return pipeline.make_plan(dep, dict.fromkeys(dep.hosts, collect(simulate_gpus=gpus))).validate()
 
 
 def test_two_decodes_drain_through_the_router_and_the_only_prefill_through_the_front_door():
@@ -53,7 +56,7 @@ def test_one_of_each_role_drains_through_the_front_door_and_drain_defaults_to_th
     plan = _plan("inventory/test/one-host")
     assert {s.rollout["drain"] for s in plan.servers} == {"frontdoor"}
     dep = inventory.load(ROOT / "inventory/production")
-    prod = planner.make_plan(dep, planner.load_facts(ROOT / "tests/topologies/reference-2node-8gpu.json",
+    prod = pipeline.make_plan(dep, pipeline.load_facts(ROOT / "tests/topologies/reference-2node-8gpu.json",
                                                      list(dep.hosts)))
     # unset drain_timeout_secs: the router's request timeout (no request outlives it)
     assert prod.rollout == {"drain_timeout_secs": dep.router["request_timeout_secs"], "probe_timeout_secs": 120}
@@ -136,7 +139,7 @@ def test_the_probe_names_the_front_doors_answer(reason, code, words):
     ("maintenance", "refused", 3, "maintenance"),  # busy: retried with backoff (retries=2), then refused
 ])
 def test_recall_retries_busy_refusals_but_not_the_router_down(reason, status, asked, graded):
-    from pdstack.controller import recall
+    from pdstack.controller.gates import recall
 
     body = json.dumps({"error": {"message": frontdoor.MESSAGES[reason], "type": frontdoor.BODY_TYPES[reason],
                                  "code": 503}})

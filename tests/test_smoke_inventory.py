@@ -9,7 +9,8 @@ import json
 import pytest
 
 from pdstack import cli
-from pdstack.controller import inventory, smoke, smoke_settings
+from pdstack.controller.gates import smoke, smoke_settings
+from pdstack.controller.load import inventory
 from pdstack.errors import InventoryError
 from pdstack.testing.sim import vocab
 

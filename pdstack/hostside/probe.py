@@ -21,7 +21,7 @@ When it fails it names the stage (exit codes are stable; the watchdog and system
     15 aborted           the stream ended with a worker's abort (KV transfer / bootstrap failure message included)
     16 wrong-answer      tokens flowed but the answer does not carry the code (KV corruption, or a model problem)
     17 auth              the front door refused the API key (401/403): an access problem, not a broken server, no
-                         restart (the smoke gate sends the key, pdstack/controller/apikey.py; the watchdog probes the
+                         restart (the smoke gate sends the key, controller/gates/apikey.py; the watchdog probes the
                          router behind the front door and needs none)
 
 Stdlib only: the watchdog runs it with the router host's python3 (see pdstack/hostside/watchdog.py).
@@ -51,7 +51,7 @@ STAGES = {OK: "ok", ROUTER_DOWN: "router-down", ADMISSION: "admission", HTTP_ERR
           PREFILL_TRANSFER: "prefill/transfer", DECODE: "decode", ABORTED: "aborted", WRONG_ANSWER: "wrong-answer",
           AUTH: "auth"}
 PROBE_KEY = "pdstack probe"
-# The front door's refusals name their reason (pdstack/controller/frontdoor.py renders them; the names must agree).
+# The front door's refusals name their reason (controller/render/frontdoor.py renders them; the names agree).
 REFUSAL_HEADER = "X-Pdstack-Refusal"
 QUEUE_FULL, QUEUE_TIMEOUT, ROUTER_DOWN_REASON, MAINTENANCE = "queue-full", "queue-timeout", "router-down", "maintenance"
 BUSY_REASONS = (QUEUE_FULL, QUEUE_TIMEOUT, MAINTENANCE)  # retry later; not broken
@@ -162,7 +162,7 @@ def probe(url: str, *, first_token_timeout: float = 60.0, stall_timeout: float =
           code: str | None = None, check_answer: bool = True, headers: dict[str, str] | None = None,
           pair: tuple[str, str, int] | None = None) -> ProbeResult:
     """One streamed /generate through the router. Never raises for network or HTTP problems. `headers`: sent
-    with the request (the front door's `Authorization`, pdstack/controller/apikey.py).
+    with the request (the front door's `Authorization`, pdstack/controller/gates/apikey.py).
 
     `pair` (prefill URL, bootstrap host, bootstrap port): send it straight to one PD pair instead, as sglang-router
     does (the same body to the prefill and to the decode at `url`, with bootstrap_host/port/room): a server taken

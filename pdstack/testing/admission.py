@@ -41,12 +41,12 @@ def rendered_router_flags(inventory: str | Path = "inventory/local",
                           facts: str | Path = "tests/topologies/single-node-4gpu.json") -> list[str]:
     """The router flags the planner renders for `inventory` (timeouts, retries, health checks, circuit breaker,
     drain), minus the workers and listen addresses a loopback stack sets itself."""
-    from pdstack.controller import inventory as inv
-    from pdstack.controller import planner
+    from pdstack.controller import pipeline
+    from pdstack.controller.load import inventory as inv
 
     root = Path(__file__).resolve().parents[2]
     dep = inv.load(root / inventory)
-    plan = planner.make_plan(dep, planner.load_facts(root / facts, list(dep.hosts)))
+    plan = pipeline.make_plan(dep, pipeline.load_facts(root / facts, list(dep.hosts)))
     out, flags, i = [], plan.router.flags, 0
     skip = {"--pd-disaggregation": 0, "--prefill": 2, "--decode": 1, "--host": 1, "--port": 1,
             "--prometheus-host": 1, "--prometheus-port": 1}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sim_helpers import scrape, start_pd
 
-from pdstack.controller import churn
+from pdstack.controller.gates import churn
 from pdstack.testing.sim.vocab import TOKENIZER_DIR as SIM_TOKENIZER
 
 pytestmark = pytest.mark.slow

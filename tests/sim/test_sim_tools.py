@@ -8,7 +8,7 @@ import json
 import pytest
 from sim_helpers import post, start_pd
 
-from pdstack.controller import gates_tools
+from pdstack.controller.gates import gates_tools
 
 pytestmark = pytest.mark.slow
 

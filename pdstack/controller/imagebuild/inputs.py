@@ -108,11 +108,12 @@ def plan_argv() -> dict[str, dict]:
 
     Derived from the inventory and the recorded facts, so its digest is a pin: an inventory edit that changes a
     server's flags rebuilds the checks layer, and nothing else does."""
-    from pdstack.controller import inventory, planner
+    from pdstack.controller import pipeline
+    from pdstack.controller.load import inventory
 
     dep = inventory.load(ROOT / PLAN_INVENTORY)
-    facts = planner.load_facts(ROOT / PLAN_FACTS, list(dep.hosts))
-    plan = planner.make_plan(dep, facts, require_image=False)
+    facts = pipeline.load_facts(ROOT / PLAN_FACTS, list(dep.hosts))
+    plan = pipeline.make_plan(dep, facts, require_image=False)
     return {s.name: {"role": s.role, "flags": list(s.flags), "env": dict(s.env)} for s in plan.servers}
 
 

@@ -206,7 +206,7 @@ class FrontDoorProcess(ManagedProcess):
     HAPROXY = "/usr/sbin/haproxy"
 
     def __init__(self, router: RouterProcess, log_dir: Path, api_key: str | None = None, **settings):
-        from pdstack.controller import frontdoor
+        from pdstack.controller.render import frontdoor
 
         self.port, self.metrics_port = free_port(), free_port()
         self.fd = {"bind": LOCALHOST, "port": self.port, "backend_address": LOCALHOST,
@@ -289,7 +289,7 @@ class FrontDoorProcess(ManagedProcess):
 
     def maintenance(self, on: bool) -> None:
         """The maintenance switch, as roles/serving flips it around a restart of the only server of a role."""
-        from pdstack.controller import frontdoor
+        from pdstack.controller.render import frontdoor
 
         verb = "add" if on else "del"
         out = self.runtime(f"{verb} acl {self.maintenance_file} {frontdoor.MAINTENANCE_ON}").strip()

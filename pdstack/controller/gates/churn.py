@@ -22,7 +22,7 @@ import urllib.parse
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pdstack.controller import apikey, gates_tools, recall
+from pdstack.controller.gates import apikey, gates_tools, recall
 
 DEFAULT_LENGTHS = [1000, 4000, 16000]
 DISCONNECT_FRACTIONS = (0.2, 0.5, 0.8, 0.95)  # of the victim's alone TTFT: mid-prefill ... mid-transfer

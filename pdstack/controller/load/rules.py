@@ -224,7 +224,7 @@ def role_default(role: str, key: str) -> Any:
     """A role's default (roles/<role>/defaults/main.yml): the ports of services pdstack installs."""
     import yaml
 
-    p = Path(__file__).resolve().parents[2] / "roles" / role / "defaults" / "main.yml"
+    p = Path(__file__).resolve().parents[3] / "roles" / role / "defaults" / "main.yml"
     try:
         return (yaml.safe_load(p.read_text()) or {}).get(key)
     except OSError:

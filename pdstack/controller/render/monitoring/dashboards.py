@@ -1,6 +1,6 @@
 """Grafana dashboards, generated with grafana-foundation-sdk and committed as JSON (monitoring/dashboards/).
 
-`python -m pdstack.controller.monitoring dashboards` rewrites the JSON; tests/test_monitoring.py fails when the
+`python -m pdstack.controller.render.monitoring dashboards` rewrites the JSON; tests/test_monitoring.py fails when the
 committed JSON and this generator disagree. Every panel query here is evaluated against a real Prometheus in the slow
 test (GPU panels against recorded dcgm-exporter output), so a query that returns nothing fails CI.
 """
@@ -18,11 +18,11 @@ from grafana_foundation_sdk.builders import timeseries as gts
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
 
-from pdstack.controller.monitoring import DATASOURCE_UID, FOLDER
+from pdstack.controller.render.monitoring import DATASOURCE_UID, FOLDER
 
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
 RATE = "$__rate_interval"  # the rate window Grafana picks for the scrape interval and the zoom
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 DASHBOARD_DIR = ROOT / "monitoring" / "dashboards"
 
 

@@ -21,8 +21,8 @@ import time
 import urllib.parse
 from dataclasses import asdict, dataclass, field
 
-from pdstack.controller import apikey, results
-from pdstack.controller.smoke_settings import DEFAULTS, list_type
+from pdstack.controller.gates import apikey, results
+from pdstack.controller.gates.smoke_settings import DEFAULTS, list_type
 
 PROMPT = "Write a long story about a river, a mountain and the people of the valley."
 

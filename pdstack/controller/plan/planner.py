@@ -1,6 +1,4 @@
-"""The planner: inventory + host facts -> the exact per-server plan; and the `pdstack plan` subcommand.
-
-`pdstack plan -i INVENTORY [--host HOST] [--json] [--facts FILE|DIR] [--out FILE]` (register/run at the end).
+"""The planner: a checked inventory + host facts -> the exact per-server plan (pdstack.controller.pipeline runs it).
 
 For each prefill/decode server: GPU list, NUMA node (from the facts), cpuset (that node's CPUs), membind node,
 HiCache ratio with its arithmetic, the full launch argv and environment. For the router: its argv with every
@@ -9,28 +7,34 @@ worker. The serving and router roles render units from this plan and nothing els
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pdstack.controller import flags, frontdoor, inventory, preflight, rules
-from pdstack.controller.inventory import Deployment
-from pdstack.controller.monitoring import DATASOURCE_UID, FOLDER
-from pdstack.errors import FactsError, InventoryError
-from pdstack.switches import BF16_INDEX_K_ENV  # read by our SGLang patch series (kernels/patches)
+from pdstack.controller.check import preflight
+from pdstack.controller.load import flags, inventory, rules
+from pdstack.controller.load.inventory import Deployment
+from pdstack.errors import InventoryError
+from pdstack.switches import (  # read by our SGLang patch series (kernels/patches) and SGLang
+    BF16_INDEX_K_ENV,
+    PD_ENV,
+    SM120_INDEXER_ENV,
+)
 
 # The plan's contract with the roles: what every field is. make_plan's output is checked against it.
 SCHEMA_FILE = Path(__file__).with_name("plan.schema.json")
+# Grafana names the grafana role provisions and the dashboards refer to, defined once (plan.monitoring.grafana).
+DATASOURCE_UID = "pdstack-prometheus"
+# Dashboards are provisioned into this folder, never General: anonymous viewers got 403 there (docs/facts.md).
+FOLDER = "sglang"
+# The front door's runtime API and maintenance switch (the frontdoor role and the rollout read them from the plan).
+MAINTENANCE_FILE = "/etc/haproxy/pdstack-maintenance.acl"
+RUNTIME_SOCKET = "/run/haproxy/admin.sock"  # HAProxy's runtime API (stats socket, level admin)
 SGLANG_LAUNCHER = ["python3", "-m", "sglang.launch_server"]
 SIM_LAUNCHER = ["pdstack", "sim"]  # the TEST ENGINE; accepts SGLang's flag names
 ROUTER_LAUNCHER = ["python3", "-m", "sglang_router.launch_router"]
-# DeepGEMM's paged MQA logits has no sm_120 build: SGLang 0.5.23 takes its torch path (which our patch series
-# routes to pdstack_kernels for bf16 keys) only with this set (dsv4/indexer.py, dsv4/metadata.py).
-SM120_INDEXER_ENV = "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH"
 
 
 @dataclass
@@ -82,7 +86,7 @@ class RouterPlan:
     argv: list[str]
     # the admission limits as numbers: enforced by the front door (HAProxy), not by the router's own flags
     admission: dict[str, int]
-    frontdoor: dict[str, Any]  # HAProxy's settings (pdstack/controller/frontdoor.py renders its config)
+    frontdoor: dict[str, Any]  # HAProxy's settings (pdstack/controller/render/frontdoor.py renders its config)
     stop_timeout_secs: int  # the router unit's stop budget: drain grace + 10 s
 
 
@@ -132,32 +136,6 @@ def schema_problems(plan: dict[str, Any]) -> list[str]:
     validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
     return [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}"
             for e in sorted(validator.iter_errors(plan), key=lambda e: list(map(str, e.absolute_path)))]
-
-
-def load_facts(path: str | Path | None, hosts: list[str]) -> dict[str, dict]:
-    """Facts per host from a recorded JSON file (one host's facts, or {"host": facts}) or a directory of
-    <host>.json files. None -> no facts."""
-    if path is None:
-        return {}
-    p = Path(path)
-    if p.is_dir():
-        return {f.stem: _read_facts(f) for f in sorted(p.glob("*.json")) if f.stem in hosts}
-    if not p.exists():
-        raise FactsError(f"facts file {p} does not exist; record one with `pdstack facts > FILE` on the host")
-    data = _read_facts(p)
-    if "numa_nodes" in data:  # one host's facts: apply to every host (a recorded single-host topology)
-        return dict.fromkeys(hosts, data)
-    return {h: data[h] for h in hosts if h in data}
-
-
-def _read_facts(p: Path) -> dict:
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise FactsError(f"facts file {p}: {e}") from e
-    if not isinstance(data, dict):
-        raise FactsError(f"facts file {p}: expected a JSON object")
-    return data
 
 
 class ImageChoice(NamedTuple):
@@ -272,13 +250,6 @@ def server_flags(dep: Deployment, s: dict, hc: HiCachePlan) -> list[str]:
     return out + flags.render_extra(s["extra_args"], flags.sglang_parser())
 
 
-PD_ENV = {
-    "bootstrap_timeout_s": "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",
-    "waiting_timeout_s": "SGLANG_DISAGGREGATION_WAITING_TIMEOUT",
-    "heartbeat_interval_s": "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL",
-    "heartbeat_max_failure": "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE",
-    "health_check_timeout_s": "SGLANG_HEALTH_CHECK_TIMEOUT",
-}
 
 
 def server_env(dep: Deployment, s: dict) -> dict[str, str]:
@@ -348,7 +319,7 @@ def frontdoor_plan(dep: Deployment) -> dict[str, Any]:
             "max_connections": max(4096, 4 * (adm["max_concurrent_requests"] + adm["queue_size"])),
             "metrics_bind": "0.0.0.0", "metrics_port": fd["metrics_port"],
             # HAProxy's runtime API and the maintenance switch (an ACL file) that roles/serving flips over it
-            "runtime_socket": frontdoor.RUNTIME_SOCKET, "maintenance_file": frontdoor.MAINTENANCE_FILE,
+            "runtime_socket": RUNTIME_SOCKET, "maintenance_file": MAINTENANCE_FILE,
             "metrics_url": f"http://{_url_host(dep.hosts[dep.router_host].address)}:{fd['metrics_port']}/metrics"}
 
 
@@ -372,15 +343,10 @@ def rollout_plan(s: ServerPlan, servers: list[ServerPlan]) -> dict[str, Any]:
     return {"drain": "router" if peers else "frontdoor", "peers": peers, "worker": worker, "probe": probe}
 
 
-def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = False, deploy: bool | None = None
-              ) -> Plan:
-    """Validate (static + topology) and plan. Raises InventoryError listing every problem. `deploy` (default:
-    `require_image`, as the preflight role plans): the plan is about to be deployed, so placeholder addresses are
-    errors, not warnings."""
-    problems = preflight.static_problems(dep, deploy=require_image if deploy is None else deploy)
-    problems += preflight.topology_problems(dep, facts)
-    if problems:
-        raise InventoryError(problems)
+def build_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = False) -> Plan:
+    """The plan of a CHECKED deployment (pdstack.controller.pipeline.make_plan checks first, then calls this, then
+    reads the rendered artifacts back): a pure function of its inputs, it checks nothing but what only it can know
+    (the image it resolves)."""
     launcher = SIM_LAUNCHER if dep.image["engine"] == "sim" else SGLANG_LAUNCHER
     servers: list[ServerPlan] = []
     for h, s in dep.servers():
@@ -401,15 +367,7 @@ def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fal
             env=server_env(dep, s)))
     for sp in servers:
         sp.rollout = rollout_plan(sp, servers)
-    for sp in servers:
-        err = flags.check_sglang(sp.flags)
-        if err:  # the planner itself rendered something SGLang would refuse: a bug, not a user error
-            raise InventoryError([f"server {sp.name}: SGLang 0.5.23 rejects the rendered argv: {err}"])
     rf, prefill, decode = router_flags(dep, servers)
-    err = flags.check_router(rf)
-    if err:
-        raise InventoryError([f"pdstack_router: sglang-router 0.3.2 rejects the rendered argv: {err}; check "
-                              "pdstack_router.extra_args"])
     rh = dep.hosts[dep.router_host]
     router = RouterPlan(host=rh.name, address=rh.address, port=dep.router["port"],
                         internal_port=dep.router["internal_port"], prometheus_port=dep.router["prometheus_port"],
@@ -474,36 +432,3 @@ def render_text(plan: Plan) -> str:
     out += [f"monitoring on {', '.join(plan.monitoring_hosts)}"]
     out += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(out)
-
-
-# ---------------------------------------------------------------------------------------- `pdstack plan`
-
-
-def register(parser: argparse.ArgumentParser) -> None:
-    inventory.add_inventory_args(parser)
-    parser.add_argument("--host", help="only this host's servers")
-    parser.add_argument("--json", action="store_true", help="print JSON (for machines) instead of text")
-    parser.add_argument("--facts", help="host facts: a recorded JSON file (one host's, applied to every host, or "
-                        "{host: facts}) or a directory of <host>.json; the playbook passes what it gathered. "
-                        "Default: <inventory>/facts if it exists")
-    parser.add_argument("--out", help="also write the JSON plan to this file")
-    parser.add_argument("--require-image", action="store_true",
-                        help="fail when the image cannot be resolved (pdstack_image.manifest missing): the playbook "
-                        "deploys, so it needs one; planning alone does not")
-
-
-def run(args: argparse.Namespace) -> int:
-    dep = inventory.load(args.inventory, resolved=args.vars)
-    facts = load_facts(inventory.facts_path(args), list(dep.hosts))
-    plan = make_plan(dep, facts, require_image=args.require_image).validate()
-    if args.host:
-        if args.host not in dep.hosts:
-            raise InventoryError([f"--host {args.host}: not in {args.inventory} (hosts: {', '.join(dep.hosts)})"])
-        plan = plan.for_host(args.host)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(plan.to_json() + "\n")
-    print(plan.to_json() if args.json else render_text(plan))
-    for w in plan.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdstack.controller import rules
+from pdstack.controller.load import rules
 from pdstack.hostside.facts import parse_cpulist
 
 # Ports of the exporters on every host: their roles' defaults (the one source; the plan carries the ones a

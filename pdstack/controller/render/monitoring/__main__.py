@@ -1,4 +1,4 @@
-"""python -m pdstack.controller.monitoring COMMAND: what the monitoring role runs on the controller; the
+"""python -m pdstack.controller.render.monitoring COMMAND: what the monitoring role runs on the controller; the
 dashboard writer.
 
   prometheus-config --plan FILE|- [--host NAME=ADDRESS ...] [--gpu|--no-gpu] [--scrape-interval 15s]
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from pdstack.controller.monitoring import dashboards, queries, scrape
+from pdstack.controller.render.monitoring import dashboards, queries, scrape
 
 
 def _load(path: str) -> dict:
@@ -24,7 +24,7 @@ def _load(path: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pdstack.controller.monitoring", allow_abbrev=False)
+    ap = argparse.ArgumentParser(prog="python -m pdstack.controller.render.monitoring", allow_abbrev=False)
     sub = ap.add_subparsers(dest="cmd", required=True)
     pc = sub.add_parser("prometheus-config", help="prometheus.yml from the plan")
     pc.add_argument("--plan", required=True)
@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
                  != dashboards.render(d)]
         if a.check:
             if stale:
-                print(f"stale dashboards: {', '.join(stale)}; run python -m pdstack.controller.monitoring dashboards",
+                print(f"stale dashboards: {', '.join(stale)}; run python -m "
+                      "pdstack.controller.render.monitoring dashboards",
                       file=sys.stderr)
                 return 1
             return 0

@@ -21,8 +21,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from pdstack.controller import agent_gates, apikey, bench, inventory, recall, results, smoke_settings
-from pdstack.controller.smoke_settings import DEFAULTS
+from pdstack.controller.gates import agent_gates, apikey, bench, recall, results, smoke_settings
+from pdstack.controller.gates.smoke_settings import DEFAULTS
+from pdstack.controller.load import inventory
 from pdstack.errors import InventoryError
 from pdstack.hostside import probe
 

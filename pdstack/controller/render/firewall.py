@@ -49,7 +49,7 @@ def peer_hosts(plan: dict[str, Any]) -> list[str]:
 def peer_names(plan: dict[str, Any], addresses: dict[str, str] | None = None) -> list[str]:
     """The addresses (names or IPs, to resolve on the host) of the deployment's hosts: the plan's server and router
     addresses, and for the other hosts (monitoring) `addresses[host]` (their pdstack_address), else the name."""
-    from pdstack.controller.monitoring.scrape import plan_hosts
+    from pdstack.controller.render.monitoring.scrape import plan_hosts
 
     known = plan_hosts(plan, {h: a for h, a in (addresses or {}).items() if h in peer_hosts(plan)})
     return sorted(set(known.values()))
@@ -63,7 +63,7 @@ def nft_ruleset(plan: dict[str, Any], host: str, peer_addresses: list[str], admi
         net = ipaddress.ip_network(a, strict=False)
         (v4 if net.version == 4 else v6).append(str(net))
     ports = protected_ports(plan, host)
-    out = [f"# pdstack host firewall for {host} (pdstack/controller/firewall.py): only peers reach these ports:",
+    out = [f"# pdstack host firewall for {host} (pdstack/controller/render/firewall.py): only peers reach these ports:",
            *[f"#   {p}  {what}" for p, what in ports.items()],
            "# Everything else (the front door, ssh, ...) is left alone: policy accept.",
            f"table inet {TABLE}",
@@ -89,7 +89,7 @@ def nft_ruleset(plan: dict[str, Any], host: str, peer_addresses: list[str], admi
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pdstack.controller.firewall", allow_abbrev=False,
+    ap = argparse.ArgumentParser(prog="python -m pdstack.controller.render.firewall", allow_abbrev=False,
                                  description="print the nftables script of one host")
     ap.add_argument("--plan", required=True, help="plan.json, or - for stdin")
     ap.add_argument("--host", required=True, help="inventory host")

@@ -10,14 +10,14 @@ import json
 import sys
 from pathlib import Path
 
-from pdstack.controller import churn, gates_tools
+from pdstack.controller.gates import churn, gates_tools
 
 DEFAULTS = {"tools": True, "reasoning": None, "churn": True, "churn_lengths": churn.DEFAULT_LENGTHS,
             "churn_rounds": 2, "model": "default", "admission_limit": -1, "parsers": {}}
 
 
 def settings_from_deployment(dep) -> dict:
-    from pdstack.controller import inventory
+    from pdstack.controller.load import inventory
 
     ag = dep.smoke.get("agent") or {}
     parsers = {k: inventory.parser_setting(dep.model, k) for k in ("tool_call_parser", "reasoning_parser")}

@@ -15,6 +15,9 @@ class _Rejected(ValueError):
     pass
 
 
+Rejected = _Rejected  # what a strict parser raises instead of exiting
+
+
 class _StrictParser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse would print usage and exit 2
         raise _Rejected(message)

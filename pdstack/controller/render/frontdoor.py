@@ -33,6 +33,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pdstack.controller.plan.planner import MAINTENANCE_FILE, RUNTIME_SOCKET  # noqa: F401 (the plan's)
+
 BACKEND = "pdstack_router"
 REFUSE_BACKEND = "pdstack_refuse"
 MAINTENANCE_BACKEND = "pdstack_maintenance"
@@ -44,9 +46,7 @@ REFUSAL_HEADER = "X-Pdstack-Refusal"
 QUEUE_FULL, QUEUE_TIMEOUT, ROUTER_DOWN, MAINTENANCE = "queue-full", "queue-timeout", "router-down", "maintenance"
 # The maintenance switch: an ACL pattern file (empty: off). `add acl FILE on` / `del acl FILE on` on HAProxy's
 # runtime API turn it on and off without a reload; a reload (or restart) reads the file again, so it comes back off.
-MAINTENANCE_FILE = "/etc/haproxy/pdstack-maintenance.acl"
 MAINTENANCE_ON = "on"
-RUNTIME_SOCKET = "/run/haproxy/admin.sock"  # HAProxy's runtime API (stats socket, level admin)
 
 
 def _json_error(message: str, kind: str, code: int) -> str:
@@ -91,7 +91,7 @@ def haproxy_config(fd: dict[str, Any], *, log: str = "/dev/log local0", api_key_
     up = f"srv_is_up({BACKEND}/{SERVER})"
     idle = int(fd["idle_timeout_secs"])
     out = [
-        "# pdstack front door: admission control in front of sglang-router (pdstack/controller/frontdoor.py).",
+        "# pdstack front door: admission control in front of sglang-router (pdstack/controller/render/frontdoor.py).",
         f"# {'at most ' + str(n) + ' in flight to the router, ' + str(q) + ' waiting' if n > 0 else 'admission off'}"
         f"; beyond: 429 + Retry-After; queued over {t} s: 503 + Retry-After.",
         "global",
@@ -188,7 +188,7 @@ def haproxy_config(fd: dict[str, Any], *, log: str = "/dev/log local0", api_key_
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pdstack.controller.frontdoor", allow_abbrev=False,
+    ap = argparse.ArgumentParser(prog="python -m pdstack.controller.render.frontdoor", allow_abbrev=False,
                                  description="print haproxy.cfg for the plan's front door")
     ap.add_argument("--plan", required=True, help="plan.json, or - for stdin")
     ap.add_argument("--log", default="/dev/log local0", help="HAProxy log target")

@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdstack.controller import apikey, results
-from pdstack.controller.smoke_settings import DEFAULTS, NO_TOKENIZER, list_type
+from pdstack.controller.gates import apikey, results
+from pdstack.controller.gates.smoke_settings import DEFAULTS, NO_TOKENIZER, list_type
 from pdstack.hostside.probe import BUSY_REASONS, REFUSAL_HEADER, ROUTER_DOWN_REASON, refusal_reason
 
 RETRIES = 3  # retries of a 429/408 refusal

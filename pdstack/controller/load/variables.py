@@ -1,32 +1,13 @@
-"""The inventory model: one typed description of a deployment, read from an Ansible inventory's group_vars/host_vars.
-
-Variables (see inventory/production for a commented example; README "Writing a production inventory"):
-
-  group_vars/all/deployment.yml  pdstack_environment   production | local | test
-  group_vars/all/model.yml       pdstack_model          model path on the host, served name, context length, family
-  group_vars/all/image.yml       pdstack_image          build manifest or image reference, tarball or registry (pull
-                                                        by digest), engine (sglang, or the sim test engine)
-  group_vars/all/router.yml      pdstack_router         router policy, admission control, retries, health checks
-  group_vars/all/rollout.yml     pdstack_rollout        rolling restarts: drain and probe bounds
-  host_vars/<host>/servers.yml   pdstack_servers        the prefill/decode servers of that host
-  host_vars/<host>/*.yml         pdstack_address        address other hosts reach this one at (default: ansible_host)
-
-Groups: `router` (exactly one host) runs sglang-router; `monitoring` (one or more) runs Prometheus/Grafana.
-Prefill and decode hosts are those whose pdstack_servers say so; one host may hold several roles.
-"""
+"""The pdstack_* variables an inventory may set: each one's type, default and value rule (the schema the loader
+types the inventory with). inventory.py builds the Deployment from these."""
 
 from __future__ import annotations
 
-import argparse
 import difflib
-import os
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from pdstack.controller import rules
-from pdstack.controller.schema import Field, Schema, plain, validate_field
-from pdstack.errors import InventoryError
+from pdstack.controller.load import rules
+from pdstack.controller.load.schema import Field, Schema
 
 ENVIRONMENTS = ("production", "local", "test")
 ENGINES = ("sglang", "sim")
@@ -74,7 +55,7 @@ PARSER_OFF = "off"
 
 def _parser(option: str):
     def check(v: str) -> str | None:
-        from pdstack.controller import flags
+        from pdstack.controller.load import flags
 
         choices = flags.sglang_choices(option)
         if v == PARSER_OFF or v in choices:
@@ -346,189 +327,3 @@ HOST_LEVEL = {
 # resolved variables carry them too: roles/preflight/tasks/resolved.yml). Variable -> the role whose default it is.
 ROLE_PORT_VARS = {"node_exporter_port": "node_exporter", "dcgm_exporter_port": "dcgm_exporter",
                   "prometheus_listen": "prometheus", "grafana_port": "grafana"}
-
-
-@dataclass
-class Host:
-    name: str
-    address: str
-    groups: list[str]
-    servers: list[dict[str, Any]]
-    numa_reserve_gb: float
-    address_source: str = "pdstack_address"  # or "ansible_host": where `address` came from (messages name it)
-    ansible_host: str = ""  # where Ansible connects (may differ from address)
-    role_vars: dict[str, Any] = field(default_factory=dict)  # the ROLE_PORT_VARS the inventory sets for this host
-
-
-@dataclass
-class Deployment:
-    """The whole deployment as typed, defaults-filled mappings."""
-
-    source: str
-    environment: str
-    model: dict[str, Any]
-    image: dict[str, Any]
-    router: dict[str, Any]
-    pd: dict[str, Any]
-    hosts: dict[str, Host]
-    router_host: str
-    monitoring_hosts: list[str]
-    warnings: list[str] = field(default_factory=list)
-    smoke: dict[str, Any] = field(default_factory=dict)
-    rollout: dict[str, Any] = field(default_factory=dict)
-
-    def servers(self) -> list[tuple[Host, dict[str, Any]]]:
-        return [(h, s) for h in self.hosts.values() for s in h.servers]
-
-    def service_port(self, host: str, key: str) -> tuple[Any, str]:
-        """(port, where it is set) of role variable `key` (ROLE_PORT_VARS) on `host`: the inventory's value when it
-        sets one, else the role's default. The port is an int, or the raw value when it is not a port."""
-        from pdstack.controller import rules
-
-        role = ROLE_PORT_VARS[key]
-        h = self.hosts[host]
-        if key not in h.role_vars:
-            return rules.role_port(role, key), f"{key} (roles/{role}/defaults)"
-        return rules.port_of(h.role_vars[key]), f"{key} (inventory, host {host})"
-
-
-def load_hostvars(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
-    """Read an Ansible inventory the way ansible-playbook does: hostvars (pdstack_* templated) and groups."""
-    from ansible.errors import AnsibleError
-    from ansible.inventory.manager import InventoryManager
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar
-    from ansible.vars.manager import VariableManager
-
-    src = Path(source)
-    if not src.exists():
-        raise InventoryError([f"inventory {str(src)!r} does not exist; pass -i inventory/production (or local, test)"])
-    loader = DataLoader()
-    try:
-        inv = InventoryManager(loader=loader, sources=[str(src)])
-        vm = VariableManager(loader=loader, inventory=inv)
-        hostvars: dict[str, dict[str, Any]] = {}
-        for host in inv.get_hosts():
-            raw = vm.get_vars(host=host)
-            templar = Templar(loader=loader, variables=raw)
-            wanted = {k: raw[k] for k in raw if k.startswith("pdstack_") or k in ROLE_PORT_VARS}
-            hv = plain(templar.template(wanted))
-            hv["ansible_host"] = str(raw.get("ansible_host", host.name))
-            hostvars[host.name] = hv
-        groups = {g: [h.name for h in inv.groups[g].get_hosts()] for g in inv.groups}
-    except AnsibleError as e:
-        raise InventoryError([f"inventory {src}: Ansible could not read it: {e}"]) from e
-    if not hostvars:
-        raise InventoryError([f"inventory {src}: no hosts; list the GPU host(s) in hosts.yml"])
-    return hostvars, groups
-
-
-def _members(groups: dict[str, Any], group: str) -> list[str]:
-    members = groups.get(group) if isinstance(groups, dict) else None
-    return [m for m in members if isinstance(m, str)] if isinstance(members, list) else []
-
-
-def build_deployment(hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]], source: str = "?"
-                     ) -> Deployment:
-    """Validate and type the variables. Raises InventoryError listing every problem found."""
-    problems: list[str] = []
-    first = next(iter(hostvars.values()))
-    top: dict[str, Any] = {}
-    for key, f in TOP_LEVEL.items():
-        # group_vars/all values are the same on every host; host-specific overrides of these are not supported.
-        values = {repr(hv.get(key)) for hv in hostvars.values()}
-        if len(values) > 1:
-            problems.append(f"{key}: differs between hosts; set it once in group_vars/all, not per host")
-        top[key] = validate_field(f, first.get(key), key, problems, key in first)
-    # unknown pdstack_* variables are almost always typos
-    known = set(TOP_LEVEL) | set(HOST_LEVEL) | {"pdstack_sim_gpus"}  # sim GPUs: read by the facts role only
-    for name, hv in hostvars.items():
-        for k in hv:
-            if k.startswith("pdstack_") and k not in known:
-                hint = difflib.get_close_matches(k, sorted(known), n=1)
-                problems.append(f"{k} (host {name}): unknown pdstack variable"
-                                + (f"; did you mean '{hint[0]}'?" if hint else ""))
-
-    hosts: dict[str, Host] = {}
-    for name, hv in hostvars.items():
-        hs = Schema(f"host {name}", HOST_LEVEL).validate({k: hv[k] for k in HOST_LEVEL if k in hv},
-                                                         f"host_vars/{name}", problems)
-        servers = hs.get("pdstack_servers")
-        reserve = hs.get("pdstack_numa_reserve_gb")
-        address = hs.get("pdstack_address")
-        hosts[name] = Host(
-            name=name,
-            address=address if isinstance(address, str) and address else str(hv.get("ansible_host", name)),
-            groups=sorted(g for g, members in groups.items()
-                          if isinstance(members, list) and name in members and g not in ("all", "ungrouped")),
-            servers=servers if isinstance(servers, list) else [],
-            numa_reserve_gb=float(reserve) if isinstance(reserve, int | float) and not isinstance(reserve, bool)
-            else 0.0,
-            address_source="pdstack_address" if isinstance(address, str) and address else "ansible_host",
-            ansible_host=str(hv.get("ansible_host", name)),
-            role_vars={k: hv[k] for k in ROLE_PORT_VARS if k in hv},
-        )
-
-    router_hosts = [h for h in _members(groups, "router") if h in hosts]
-    if len(router_hosts) != 1:
-        problems.append(f"group 'router': needs exactly one host, has {router_hosts or 'none'}; put the host that "
-                        "runs sglang-router under the router group in hosts.yml")
-    monitoring = [h for h in _members(groups, "monitoring") if h in hosts]
-    if not monitoring:
-        problems.append("group 'monitoring': empty; put the host that runs Prometheus/Grafana under the "
-                        "monitoring group in hosts.yml")
-
-    if problems:
-        raise InventoryError(problems)
-    return Deployment(
-        source=source,
-        environment=top["pdstack_environment"],
-        model=top["pdstack_model"],
-        image=top["pdstack_image"],
-        router=top["pdstack_router"],
-        pd=top["pdstack_pd"],
-        hosts=hosts,
-        router_host=router_hosts[0],
-        monitoring_hosts=monitoring,
-        smoke=top["pdstack_smoke"],
-        rollout=top["pdstack_rollout"],
-    )
-
-
-def load(source: str | os.PathLike, resolved: str | os.PathLike | None = None) -> Deployment:
-    """The deployment of inventory `source`. With `resolved` (a JSON file {"hostvars": {host: vars}, "groups": {...}}
-    that the preflight role writes from what Ansible resolved, extra vars included) those variables are used instead
-    of reading the inventory again, so `ansible-playbook -e ...` reaches the plan."""
-    if resolved is None:
-        hostvars, groups = load_hostvars(source)
-    else:
-        import json
-        try:
-            data = json.loads(Path(resolved).read_text())
-            hostvars, groups = data["hostvars"], data["groups"]
-        except (OSError, ValueError, KeyError) as e:
-            raise InventoryError([f"--vars {resolved}: not a resolved-inventory file ({e})"]) from e
-        if not isinstance(hostvars, dict) or not isinstance(groups, dict) or not all(
-                isinstance(v, dict) for v in hostvars.values()):
-            raise InventoryError([f"--vars {resolved}: not a resolved-inventory file (hostvars must map each host "
-                                  "to its variables)"])
-        if not hostvars:
-            raise InventoryError([f"inventory {source}: no hosts; list the GPU host(s) in hosts.yml"])
-    return build_deployment(hostvars, groups, source=str(source))
-
-
-# ---------------------------------------------------------------- CLI pieces shared by `pdstack plan` and `preflight`
-
-
-def add_inventory_args(parser: argparse.ArgumentParser) -> None:
-    """-i and --vars: where the deployment's variables come from (shared by plan and preflight)."""
-    parser.add_argument("-i", "--inventory", required=True, help="inventory directory, e.g. inventory/production")
-    parser.add_argument("--vars", help="use these resolved variables (JSON the preflight role writes, extra vars "
-                        "included) instead of reading the inventory's files")
-
-
-def facts_path(args: argparse.Namespace) -> str | None:
-    if args.facts:
-        return args.facts
-    default = Path(args.inventory) / "facts"
-    return str(default) if default.is_dir() else None

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import jsonschema
 
-from pdstack.controller import apikey
+from pdstack.controller.gates import apikey
 
 TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city, for a number of days.",

@@ -15,7 +15,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from pdstack.controller import inventory
+from pdstack.controller.load import inventory
 from pdstack.errors import InventoryError
 
 NO_TOKENIZER = ("no tokenizer: give --tokenizer DIR (pdstack_smoke.tokenizer with -i), the model's tokenizer "

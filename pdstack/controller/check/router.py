@@ -1,0 +1,72 @@
+"""The router's settings, rollouts and the smoke gate's settings."""
+
+from __future__ import annotations
+
+from pdstack.controller.check.extra_args import _dests, _extra_arg_problems
+from pdstack.controller.check.tables import OWNED_ROUTER_FLAGS, WORKER_SET_ROUTER_FLAGS
+from pdstack.controller.load import flags, rules
+from pdstack.controller.load.inventory import Deployment
+
+
+def _router_problems(dep: Deployment, p: list[str]) -> None:
+    r = dep.router
+    parser = flags.router_parser()
+    owned = _dests(parser, OWNED_ROUTER_FLAGS)
+    refused = {d: f"--{flag} adds workers from outside the inventory or changes the router's mode (the workers are "
+                  "exactly the pdstack_servers, in PD mode)" for d, (flag, _) in
+               _dests(parser, WORKER_SET_ROUTER_FLAGS).items()}
+    before = len(p)
+    for key, value in r["extra_args"].items():
+        p.extend(_extra_arg_problems(parser, "pdstack_router", key, value, owned, refused, "sglang-router 0.3.2"))
+    if len(p) == before and r["extra_args"]:
+        err = flags.check_router(["--pd-disaggregation", "--prefill", "http://x:1", "--decode", "http://y:1",
+                                  *flags.render_extra(r["extra_args"], parser)])
+        if err:
+            p.append(f"pdstack_router.extra_args: sglang-router 0.3.2 rejects it: {err}; spell each flag as "
+                     "`python -m sglang_router.launch_router --help` does and give it a value it takes")
+    hc = r["health_check"]
+    if not hc["endpoint"].startswith("/") or rules.unit_value_problem(hc["endpoint"]):
+        p.append(f"pdstack_router.health_check.endpoint: {hc['endpoint']!r} must be a URL path on the workers "
+                 "starting with '/', e.g. /health (no spaces or quotes)")
+    if hc["timeout_secs"] > hc["interval_secs"]:
+        dep.warnings.append(f"pdstack_router.health_check: timeout_secs {hc['timeout_secs']} is longer than "
+                            f"interval_secs {hc['interval_secs']}; polls overlap")
+    adm = r["admission"]
+    if adm["max_concurrent_requests"] == 0 or adm["max_concurrent_requests"] < -1:
+        p.append("pdstack_router.admission.max_concurrent_requests: must be -1 (off) or > 0, got "
+                 f"{adm['max_concurrent_requests']}")
+    if adm["queue_size"] < 0:
+        p.append(f"pdstack_router.admission.queue_size: must be >= 0 (0: no queue, refuse at once), got "
+                 f"{adm['queue_size']}")
+    ret = r["retries"]
+    for k in ("max_retries", "initial_backoff_ms", "max_backoff_ms"):
+        if ret[k] < 0:
+            p.append(f"pdstack_router.retries.{k}: must be >= 0, got {ret[k]}")
+    if 0 <= ret["max_backoff_ms"] < ret["initial_backoff_ms"]:
+        p.append(f"pdstack_router.retries.max_backoff_ms: {ret['max_backoff_ms']} is below initial_backoff_ms "
+                 f"{ret['initial_backoff_ms']}; the cap must be >= the first backoff")
+
+
+def _rollout_problems(dep: Deployment, p: list[str]) -> None:
+    drain, limit = dep.rollout.get("drain_timeout_secs"), dep.router["request_timeout_secs"]
+    if isinstance(drain, int) and not isinstance(drain, bool) and isinstance(limit, int) and drain > limit:
+        p.append(f"pdstack_rollout.drain_timeout_secs: {drain} s is longer than pdstack_router.request_timeout_secs "
+                 f"{limit} s; no request lives longer than that (the router cuts it), so the rest of the wait could "
+                 f"only be spent on a wedged request: set drain_timeout_secs <= {limit}, or leave it unset (= {limit})")
+
+
+def _smoke_problems(dep: Deployment, p: list[str]) -> None:
+    sm, ctx = dep.smoke, dep.model["context_length"]
+    if not sm or not sm.get("enabled"):
+        return
+    lengths = sm["grid"]["lengths"]
+    too_long = [n for n in lengths if n >= ctx]
+    if too_long:
+        p.append(f"pdstack_smoke.grid.lengths: {too_long} reach pdstack_model.context_length {ctx}; a recall prompt "
+                 "must fit the context with its answer: drop them or raise context_length")
+    if sm["min_horizon"] > max(lengths):
+        p.append(f"pdstack_smoke.min_horizon: {sm['min_horizon']} is beyond the longest recall length "
+                 f"{max(lengths)}, so the gate can never pass; lower it or add a longer length to grid.lengths")
+    if not sm.get("tokenizer"):
+        p.append("pdstack_smoke.tokenizer: unset, and the smoke gate builds its prompts with the model's tokenizer; "
+                 "set it to the model's tokenizer directory on the controller (or pdstack_smoke.enabled: false)")

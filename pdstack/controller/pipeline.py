@@ -1,0 +1,102 @@
+"""The controller's pipeline, one way down: load -> check -> plan -> render (read back) -> gates.
+
+    load/    the inventory read safely, typed, defaults filled (and recorded host facts)
+    check/   every check that can refuse an inventory before any host is touched (static, then against the facts)
+    plan/    the planner: a checked deployment -> the exact per-server plan (pure: it checks nothing itself)
+    render/  the artifacts made from the plan (argv, haproxy.cfg, nftables, monitoring) and their read-back
+    gates/   after the deploy: recall, probe, bench, tools and churn through the router
+
+A stage imports only from the stages above it (tests/test_layout.py holds it). `make_plan` runs the first four;
+the `pdstack plan` and `pdstack preflight` subcommands are at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pdstack.controller.check import preflight
+from pdstack.controller.load import inventory
+from pdstack.controller.load.facts import load_facts
+from pdstack.controller.load.inventory import Deployment
+from pdstack.controller.plan import planner
+from pdstack.controller.plan.planner import Plan
+from pdstack.controller.render import readback
+from pdstack.errors import InventoryError
+
+__all__ = ["load_facts", "make_plan"]
+
+
+def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = False, deploy: bool | None = None
+              ) -> Plan:
+    """Check (static + topology), plan, read the rendered argv back. Raises InventoryError listing every problem.
+    `deploy` (default: `require_image`, as the preflight role plans): the plan is about to be deployed, so
+    placeholder addresses are errors, not warnings."""
+    problems = preflight.static_problems(dep, deploy=require_image if deploy is None else deploy)
+    problems += preflight.topology_problems(dep, facts)
+    if problems:
+        raise InventoryError(problems)
+    plan = planner.build_plan(dep, facts, require_image=require_image)
+    problems = readback.plan_problems(plan, dep)
+    if problems:
+        raise InventoryError(problems)
+    return plan
+
+
+# ---------------------------------------------------------------------------------------- `pdstack plan`
+
+
+def register_plan(parser: argparse.ArgumentParser) -> None:
+    inventory.add_inventory_args(parser)
+    parser.add_argument("--host", help="only this host's servers")
+    parser.add_argument("--json", action="store_true", help="print JSON (for machines) instead of text")
+    parser.add_argument("--facts", help="host facts: a recorded JSON file (one host's, applied to every host, or "
+                        "{host: facts}) or a directory of <host>.json; the playbook passes what it gathered. "
+                        "Default: <inventory>/facts if it exists")
+    parser.add_argument("--out", help="also write the JSON plan to this file")
+    parser.add_argument("--require-image", action="store_true",
+                        help="fail when the image cannot be resolved (pdstack_image.manifest missing): the playbook "
+                        "deploys, so it needs one; planning alone does not")
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    dep = inventory.load(args.inventory, resolved=args.vars)
+    facts = load_facts(inventory.facts_path(args), list(dep.hosts))
+    plan = make_plan(dep, facts, require_image=args.require_image).validate()
+    if args.host:
+        if args.host not in dep.hosts:
+            raise InventoryError([f"--host {args.host}: not in {args.inventory} (hosts: {', '.join(dep.hosts)})"])
+        plan = plan.for_host(args.host)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(plan.to_json() + "\n")
+    print(plan.to_json() if args.json else planner.render_text(plan))
+    for w in plan.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return 0
+
+
+# ------------------------------------------------------------------------------------ `pdstack preflight`
+
+
+def register_preflight(parser: argparse.ArgumentParser) -> None:
+    inventory.add_inventory_args(parser)
+    parser.add_argument("--facts", help="host facts (see `pdstack plan --help`); without them only static checks run")
+    parser.add_argument("--static", action="store_true", help="only the static checks, even if facts exist")
+
+
+def run_preflight(args: argparse.Namespace) -> int:
+    dep = inventory.load(args.inventory, resolved=args.vars)
+    path = None if args.static else inventory.facts_path(args)
+    if path is None:
+        problems = preflight.static_problems(dep, deploy=True)
+        if problems:
+            raise InventoryError(problems)
+        print(f"preflight: {args.inventory}: static checks passed (no host facts given: topology not checked)")
+    else:
+        make_plan(dep, load_facts(path, list(dep.hosts)), deploy=True)
+        print(f"preflight: {args.inventory}: all checks passed against the facts in {path}")
+    for w in dep.warnings:
+        print(f"warning: {w}")
+    return 0

@@ -1,0 +1,10 @@
+"""Monitoring from the plan: Prometheus scrape config, node_exporter textfile metrics, Grafana dashboards, and a
+checker that evaluates every dashboard query against a real Prometheus.
+
+The monitoring role calls `python -m pdstack.controller.render.monitoring ...` on the controller; tests call the
+functions
+directly.
+"""
+
+# Grafana names the role provisions and the dashboards refer to: the planner defines them (plan.monitoring.grafana).
+from pdstack.controller.plan.planner import DATASOURCE_UID, FOLDER  # noqa: F401

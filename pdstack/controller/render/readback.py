@@ -1,0 +1,85 @@
+"""Read every rendered artifact back before any host changes, and compare it with what the plan meant.
+
+Each server's argv goes through SGLang 0.5.23's own parser and the router's through sglang-router 0.3.2's; the
+settings that come out must be exactly the planner's intent: every setting the planner renders has the planner's
+value (an extra_args entry or a list item cannot move it: argparse's last-wins is not allowed to beat ownership),
+and every other setting that differs from its default comes from the one extra_args entry that names it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pdstack.controller.load import flags
+from pdstack.controller.load.inventory import Deployment
+from pdstack.controller.plan import planner
+from pdstack.controller.plan.planner import Plan
+
+
+def _namespace(parser, argv: list[str]) -> dict[str, Any] | str:
+    try:
+        return vars(parser.parse_args(argv))
+    except flags.Rejected as e:
+        return str(e)
+
+
+def argv_problems(parser, what: str, owned_argv: list[str], extra: dict[str, Any], full_argv: list[str],
+                  base: list[str]) -> list[str]:
+    """Problems of one rendered argv: `owned_argv` is what the planner itself renders (extra_args left out),
+    `extra` the inventory's extra_args (key -> value), `full_argv` the whole flag list as planned. `base`: flags the
+    parser needs to accept a lone extra flag (e.g. --model-path /x)."""
+    full = _namespace(parser, full_argv)
+    if isinstance(full, str):
+        return [f"{what}: the rendered argv is refused: {full}"]
+    owned = _namespace(parser, owned_argv)
+    if isinstance(owned, str):  # pragma: no cover - the planner rendered something its own parser refuses: a bug
+        return [f"{what}: the planner's own flags are refused ({owned}): a pdstack bug"]
+    default = _namespace(parser, base)
+    assert isinstance(default, dict)
+    owned_dests = flags.dests_set(parser, owned_argv)
+    explained: dict[str, str] = {}
+    out = []
+    for key, value in extra.items():
+        words = flags.render_extra({key: value}, parser)
+        alone = _namespace(parser, [*base, *words])
+        if isinstance(alone, str):
+            out.append(f"{what}: extra_args.{key}: {alone}")
+            continue
+        named = flags.dests_set(parser, words)
+        for dest in named:
+            if dest in owned_dests:
+                out.append(f"{what}: extra_args.{key}: the planner renders {owned_dests[dest]} itself; set the "
+                           f"pdstack inventory variable it comes from and remove extra_args.{key}")
+        for dest in {d for d, v in alone.items() if v != default.get(d)} - set(named):
+            out.append(f"{what}: extra_args.{key}: its value also sets {dest} (= {alone[dest]!r}): a list item or "
+                       "value that reads as a flag; write each flag as its own extra_args key")
+        for dest in named:
+            explained[dest] = key
+    for dest, v in full.items():
+        if dest in owned_dests and v != owned[dest] and dest not in explained:
+            out.append(f"{what}: {owned_dests[dest]} reads back as {v!r}, not the planner's {owned[dest]!r}; "
+                       "something in extra_args overrides it: remove it")
+        elif dest not in owned_dests and dest not in explained and v != default.get(dest):
+            out.append(f"{what}: the rendered argv sets {dest} = {v!r}, which neither the planner nor an extra_args "
+                       "key names (a value that reads as a flag smuggled it in)")
+    return out
+
+
+def plan_problems(plan: Plan, dep: Deployment) -> list[str]:
+    """Every rendered argv of the plan read back through its upstream parser."""
+    out = []
+    sp = flags.sglang_parser()
+    specs = {s["name"]: s for _h, s in dep.servers()}
+    for s in plan.servers:
+        spec = specs[s.name]
+        owned = planner.server_flags(dep, {**spec, "extra_args": {}}, s.hicache)
+        out += argv_problems(sp, f"server {s.name} (SGLang 0.5.23 reads its argv back)", owned, spec["extra_args"],
+                             s.flags, ["--model-path", "/x"])
+    rp = flags.router_parser()
+    bare = dataclasses.replace(dep, router={**dep.router, "extra_args": {}})
+    owned = planner.router_flags(bare, plan.servers)[0]
+    out += argv_problems(rp, "pdstack_router (sglang-router 0.3.2 reads its argv back)", owned,
+                         dep.router["extra_args"], plan.router.flags,
+                         ["--pd-disaggregation", "--prefill", "http://x:1", "--decode", "http://y:1"])
+    return out
