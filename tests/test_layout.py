@@ -91,3 +91,9 @@ def test_each_stage_imports_only_the_stages_above_it():
                 bad.append(f"{p.relative_to(PKG.parent)}:{line}: {mod.split('.')[2]} imports {imp} (a later stage)")
     assert not bad, "one way down: load -> check -> plan -> render -> gates\n" + "\n".join(bad)
 
+
+
+def test_no_module_of_pdstack_is_over_about_450_lines():
+    big = {str(p.relative_to(PKG.parent)): n for p in PKG.rglob("*.py")
+           if (n := len(p.read_text().splitlines())) > 470}  # "about 450"
+    assert not big, f"split these along their sections: {big}"
