@@ -1,6 +1,7 @@
 """Root conftest: plugins for the whole suite (tests/ and kernels/tests/).
 
-pdstack.testing.leaks fails the session when a process the tests started is still alive at its end.
+pdstack.testing.leaks fails the session when a process the tests started is still alive at its end;
+pdstack.testing.timebudget prints the slow tests against tests/time_budget.json.
 """
 
-pytest_plugins = ["pdstack.testing.leaks"]
+pytest_plugins = ["pdstack.testing.leaks", "pdstack.testing.timebudget"]
