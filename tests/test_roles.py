@@ -96,3 +96,18 @@ def test_readme_layout_lists_every_role():
     layout = readme[readme.index("## Repository layout"):]
     for role in ROLES:
         assert f"\n  {role.name}/ " in layout, f"README's Repository layout does not list role {role.name}"
+
+
+def test_role_readmes_give_the_phase_of_the_playbook_they_name():
+    """A role README that opens with "Phase N (`playbooks/X.yml`" is held to site.yml's order (README drift)."""
+    order = re.findall(r"import_playbook: (\w+)\.yml", (ROOT / "playbooks" / "site.yml").read_text())
+    checked, wrong = 0, []
+    for readme in sorted((ROOT / "roles").glob("*/README.md")):
+        for n, pb in re.findall(r"Phase (\d+) \(`playbooks/(\w+)\.yml`", readme.read_text()):
+            checked += 1
+            assert pb in order, f"{readme.relative_to(ROOT)} names playbooks/{pb}.yml, which site.yml does not run"
+            if int(n) != order.index(pb) + 1:
+                wrong.append(f"{readme.relative_to(ROOT)}: Phase {n}, but playbooks/{pb}.yml is phase "
+                             f"{order.index(pb) + 1}")
+    assert checked >= 10, "the role READMEs state their phase"
+    assert not wrong, "\n".join(wrong)
