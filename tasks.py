@@ -20,6 +20,24 @@ PY = sys.executable
 BIN = Path(PY).parent
 
 
+def default_inventory() -> str:
+    """The inventory every task defaults to: ansible.cfg's (the local test host), so `invoke plan`, `deploy` and
+    `rollback` without -i all mean the same deployment."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "ansible.cfg")
+    return cfg.get("defaults", "inventory", fallback="inventory/local")
+
+
+def _no_dry(c: Context, what: str) -> None:
+    """Tasks that call pdstack's Python (not a shell command) cannot honour --dry: refuse instead of doing the work."""
+    if c.config.run.dry:
+        raise Exit(f"invoke {what}: --dry cannot show this task without running it (it calls pdstack's build and "
+                   "test-host code, not shell commands); run it without --dry, or `invoke plan` to see a deployment",
+                   2)
+
+
 def _env() -> dict[str, str]:
     # ansible-playbook must run from the venv (the preflight role calls pdstack with ansible_playbook_python)
     return {"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
@@ -48,12 +66,11 @@ def test(c: Context, k: str = "", fast: bool = False, no_lint: bool = False) -> 
         c.run(f"{PY} -m pytest {' '.join(map(shlex.quote, args))}", echo=True, pty=sys.stdout.isatty(), env=_env())
 
 
-@task(help={"inventory": "inventory directory", "facts": "recorded facts file or directory", "json": "print JSON",
-            "host": "only this host"})
-def plan(c: Context, inventory: str = "inventory/production", facts: str = "", json: bool = False,
-         host: str = "") -> None:
+@task(help={"inventory": "inventory directory (default: ansible.cfg's, the local test host)",
+            "facts": "recorded facts file or directory", "json": "print JSON", "host": "only this host"})
+def plan(c: Context, inventory: str = "", facts: str = "", json: bool = False, host: str = "") -> None:
     """Print the deployment plan for an inventory (`pdstack plan`)."""
-    cmd = [PY, "-m", "pdstack", "plan", "-i", inventory]
+    cmd = [PY, "-m", "pdstack", "plan", "-i", inventory or default_inventory()]
     cmd += ["--facts", facts] if facts else []
     cmd += ["--json"] if json else []
     cmd += ["--host", host] if host else []
@@ -82,6 +99,7 @@ def deploy(c: Context, inventory: str = "", check: bool = False, tags: str = "",
 @task(help={"count": "number of hosts", "prefix": "container name prefix"})
 def testhost_up(c: Context, count: int = 1, prefix: str = "pdstack-local") -> None:
     """Boot local Debian bookworm test hosts (systemd in containers), reachable by Ansible."""
+    _no_dry(c, "testhost.up")
     from pdstack.errors import PdstackError
     from pdstack.testing import testhost
     try:
@@ -94,6 +112,7 @@ def testhost_up(c: Context, count: int = 1, prefix: str = "pdstack-local") -> No
 @task(help={"prefix": "container name prefix"})
 def testhost_down(c: Context, prefix: str = "pdstack-local") -> None:
     """Remove exactly what testhost.up made (containers, volumes, network)."""
+    _no_dry(c, "testhost.down")
     from pdstack.errors import PdstackError
     from pdstack.testing import testhost
     try:
@@ -125,6 +144,7 @@ def kernels(c: Context, arch: list[str] | None = None, out: str = "build/kernels
 def demo(c: Context, count: int = 1) -> None:
     """The main job on the embedded default: build the sim image, boot the local test host, run site.yml (which
     ends with the smoke checks), print the summary."""
+    _no_dry(c, "demo")
     build_image(c, flavor="sim", save="build/images/sim.tar")
     testhost_up(c, count=count)
     deploy(c)
@@ -156,6 +176,7 @@ def rollback(c: Context, inventory: str = "") -> None:
             "push": "also push to this registry (REGISTRY/pdstack/<flavor>:<tag>)"})
 def build_image(c: Context, flavor: str = "prod", base: str = "", save: str = "", push: str = "") -> None:
     """Build the serving (prod) or test-engine (sim) image; a no-op when an image of the same inputs exists."""
+    _no_dry(c, "build")
     from pdstack.controller import imagebuild as b
     from pdstack.errors import PdstackError
     try:
