@@ -21,7 +21,8 @@ SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
 # Which pdstack files each rule allows (the package root and errors.py are stdlib-only and shared).
 ALLOWED = {
     "hostside": {"pdstack/__init__.py", "pdstack/hostside/__init__.py", "pdstack/hostside/facts.py",
-                 "pdstack/hostside/probe.py", "pdstack/hostside/watchdog.py", "pdstack/hostside/restart_unit.py"},
+                 "pdstack/hostside/probe.py", "pdstack/hostside/watchdog.py", "pdstack/hostside/restart_unit.py",
+                 "pdstack/hostside/drain.py"},
     "image": {"pdstack/__init__.py", "pdstack/errors.py", "pdstack/image/__init__.py", "pdstack/image/patches.py"},
 }
 
@@ -73,5 +74,8 @@ def test_every_hostside_module_is_installed_by_its_role():
     assert "pdstack/hostside/restart_unit.py" in (ROOT / "roles/watchdog_access/tasks/authorize.yml").read_text()
     fact = ROOT / "roles" / "facts" / "files" / "pdstack.fact"
     assert fact.resolve() == (ROOT / "pdstack" / "hostside" / "facts.py").resolve()
-    hostside = {"__init__.py", "facts.py", "probe.py", "watchdog.py", "restart_unit.py"}
+    # roles/serving copies drain (the rolling restart's steps) onto the serving hosts and the router host
+    for tasks in ("configure.yml", "restart.yml"):
+        assert "pdstack/hostside/drain.py" in (ROOT / "roles/serving/tasks" / tasks).read_text(), tasks
+    hostside = {"__init__.py", "facts.py", "probe.py", "watchdog.py", "restart_unit.py", "drain.py"}
     assert {p.name for p in (ROOT / "pdstack" / "hostside").glob("*.py")} == hostside, sys.version

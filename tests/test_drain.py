@@ -1,0 +1,127 @@
+"""pdstack/hostside/drain.py, the steps of a rolling restart, against the real sglang-router 0.3.2 and Debian's
+HAProxy in front of sim workers (pdstack.testing.admission.Stack), run as the hosts run it: `python3 -I drain.py`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pdstack.hostside import drain
+from pdstack.testing import admission
+from pdstack.testing.sim.launch import free_port, http_get
+
+pytestmark = pytest.mark.slow
+DRAIN = Path(drain.__file__)
+
+
+def run(*args: str) -> tuple[int, dict | None, str]:
+    """drain.py as restart.yml runs it: an isolated interpreter (-I: no site-packages, no PYTHONPATH), stdlib only."""
+    r = subprocess.run([sys.executable, "-I", str(DRAIN), *args], capture_output=True, text=True, timeout=120)
+    return r.returncode, (json.loads(r.stdout) if r.returncode == 0 else None), r.stderr
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    with admission.Stack(tmp_path_factory.mktemp("drain")) as s:
+        s.with_frontdoor()
+        yield s
+
+
+def _urls(stack) -> list[str]:
+    return [w["url"] for w in drain.workers(stack.router.url) or []]
+
+
+def test_mode_follows_the_router_and_the_front_door_socket(stack, tmp_path):
+    sock = str(stack.frontdoor.socket_path)
+    assert run("mode", "--router", stack.router.url, "--drain", "router", "--socket", sock)[1]["mode"] == "router"
+    assert run("mode", "--router", stack.router.url, "--drain", "frontdoor", "--socket", sock)[1]["mode"] == "frontdoor"
+    rc, out, _ = run("mode", "--router", stack.router.url, "--drain", "frontdoor", "--socket", str(tmp_path / "no"))
+    assert (rc, out["mode"]) == (0, "none") and "socket" in out["reason"], out
+    rc, out, _ = run("mode", "--router", f"http://127.0.0.1:{free_port()}", "--drain", "router", "--socket", sock)
+    assert (rc, out["mode"]) == (0, "none") and "does not answer" in out["reason"], out
+
+
+def test_out_then_in_through_the_routers_worker_api(stack):
+    decode = stack.decode.url
+    assert decode in _urls(stack)
+    rc, out, err = run("out", "--router", stack.router.url, "--worker-url", decode, "--timeout", "20")
+    assert rc == 0 and out["changed"] is True, err
+    assert decode not in _urls(stack)
+    rc, out, _ = run("out", "--router", stack.router.url, "--worker-url", decode)
+    assert (rc, out["changed"]) == (0, False), out  # a second run: nothing to take out
+    # the plan's rollout.worker for a decode server (planner.rollout_plan)
+    worker = json.dumps({"url": decode, "worker_type": "decode"})
+    rc, out, err = run("in", "--router", stack.router.url, "--worker", worker, "--timeout", "30")
+    assert rc == 0 and out["changed"] is True, err
+    listed = [w for w in drain.workers(stack.router.url) if w["url"] == decode]
+    assert len(listed) == 1 and listed[0]["is_healthy"], listed
+    rc, out, _ = run("in", "--router", stack.router.url, "--worker", worker, "--timeout", "30")
+    assert (rc, out["changed"]) == (0, False), out
+    assert admission.request(stack.router.url, 4)["status"] == 200  # it serves again through the router
+
+
+def test_in_refuses_what_is_not_a_worker_and_names_a_worker_that_never_gets_healthy(stack):
+    rc, _, err = run("in", "--router", stack.router.url, "--worker", "{not json")
+    assert rc == 1 and "--worker is not JSON" in err, err
+    rc, _, err = run("in", "--router", stack.router.url, "--worker", "[1]")
+    assert rc == 1 and "JSON object" in err, err
+    ghost = f"http://127.0.0.1:{free_port()}"
+    rc, _, err = run("in", "--router", stack.router.url, "--worker",
+                     json.dumps({"url": ghost, "worker_type": "decode"}), "--timeout", "3")
+    assert rc == 1 and ghost in err, err
+    run("out", "--router", stack.router.url, "--worker-url", ghost)
+    assert ghost not in _urls(stack)
+
+
+def test_wait_sees_a_request_in_flight_and_then_the_drain(stack):
+    metrics = stack.decode.url + "/metrics"
+    rc, out, _ = run("wait", "--metrics", metrics, "--gauges", "server", "--timeout", "5")
+    assert (rc, out["drained"], out["polls"]) == (0, True, 1), out
+    # a long generation keeps one request running on decode (the sim decodes admission.DECODE_TPS tokens/s)
+    t = threading.Thread(target=admission.request, args=(stack.router.url, 400), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while drain.in_flight(metrics, "server") in (0, None) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    rc, out, _ = run("wait", "--metrics", metrics, "--gauges", "server", "--timeout", "1")
+    assert (rc, out["drained"]) == (0, False) and out["in_flight"] >= 1, out
+    t.join(timeout=120)
+    rc, out, _ = run("wait", "--metrics", metrics, "--gauges", "server", "--timeout", "10")
+    assert out["drained"] is True, out
+    fd_metrics = f"http://127.0.0.1:{stack.frontdoor.metrics_port}/metrics"
+    rc, out, _ = run("wait", "--metrics", fd_metrics, "--gauges", "frontdoor", "--timeout", "5")
+    assert out["drained"] is True, out
+    _, text = http_get(fd_metrics)
+    assert drain.GAUGES["frontdoor"].findall(text.decode()), "the exporter's gauges drain.py sums are there"
+
+
+def test_maintenance_switch_through_the_runtime_socket(stack):
+    sock, acl = str(stack.frontdoor.socket_path), str(stack.frontdoor.maintenance_file)
+    url = stack.frontdoor.url
+    assert admission.request(url, 4)["status"] == 200
+    rc, out, err = run("maintenance", "on", "--socket", sock, "--acl", acl)
+    assert rc == 0 and out["changed"], err
+    try:
+        r = admission.request(url, 4)
+        assert r["status"] == 503 and r.get("refusal") == "maintenance", r
+    finally:
+        rc, out, err = run("maintenance", "off", "--socket", sock, "--acl", acl)
+    assert rc == 0 and out["changed"], err
+    assert admission.request(url, 4)["status"] == 200
+    rc, out, _ = run("maintenance", "off", "--socket", sock, "--acl", acl)
+    assert (rc, out["changed"]) == (0, False), out  # off when it is off: nothing to undo
+    rc, _, err = run("maintenance", "on", "--socket", sock, "--acl", "/nonexistent.acl")
+    assert rc == 1 and "refused" in err, err
+    rc, _, err = run("maintenance", "on", "--socket", "/nonexistent.sock", "--acl", acl)
+    assert rc == 1 and "runtime API" in err, err
+
+
+def test_a_runtime_command_cannot_carry_a_second_command():
+    with pytest.raises(drain.Failed, match="line break"):
+        drain.runtime_api("/nonexistent.sock", "add acl /x on\nshow info")
