@@ -1,0 +1,244 @@
+"""The docs a newcomer reads are true to the tree: every link and path they name resolves, README stays short,
+docs/layout.md lists every module, docs/cli.md every command, and nothing in the repo cites a file it does not ship.
+
+A user's clone has no ../shared (the workplace's notes): what the project relies on is in docs/facts.md, in its own
+words, and that is what code and docs cite.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+README_MAX_LINES = 200
+
+# The topics the reference is split into (issue 24); each is a file under docs/.
+TOPICS = ["inventory", "images", "admission", "failure", "rollouts", "monitoring", "smoke-and-watchdog", "testing",
+          "kernels", "layout", "cli", "facts", "pipeline"]
+
+# Files of pdstack/controller/ whose comments still cite FACTS.md: other branches rewrite these modules, and the
+# comments are fixed when they merge. The list may only shrink: a file here that no longer cites it fails the test
+# below, so whoever fixes one removes it from the list too.
+PENDING_CONTROLLER_COMMENTS = {
+    "pdstack/controller/gates/bench.py",
+    "pdstack/controller/gates/recall.py",
+    "pdstack/controller/load/flags.py",
+    "pdstack/controller/load/variables.py",
+    "pdstack/controller/plan/planner.py",
+    "pdstack/controller/render/frontdoor.py",
+}
+
+# Docker image repositories pdstack builds: spelled like paths, but images, not files.
+IMAGE_REPOSITORIES = {"pdstack/pybase", "pdstack/sim", "pdstack/sglang", "pdstack/sglang-base", "pdstack/testhost-base"}
+
+# A test may read a fixture of the shared workplace on purpose, if it skips with a reason when that is absent.
+UNSHIPPED = re.compile(r"FACTS\.md|\.\./shared|shared/seeds|/work/shared")
+SKIPS_WITHOUT_SHARED = re.compile(r"pytest\.(?:skip|mark\.skipif)\([^)]*shared", re.S)
+
+
+def md_files() -> list[Path]:
+    return [README, *DOCS]
+
+
+@functools.cache
+def repo_files() -> tuple[str, ...]:
+    """Tracked files plus untracked ones git does not ignore (what a commit of this tree would ship)."""
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return tuple(sorted({f for f in out.splitlines() if (ROOT / f).is_file()}))
+
+
+def strip_code_blocks(text: str) -> str:
+    """Markdown outside fenced code blocks (a link or heading inside a fence is not one)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def github_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a file's headings: lowercase, punctuation dropped except - and _, spaces -> -,
+    a repeated slug gets -1, -2, ..."""
+    seen: dict[str, int] = {}
+    anchors = set()
+    for line in strip_code_blocks(text).splitlines():
+        m = re.match(r"^(#{1,6})\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        title = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", m.group(2))  # a link in a heading: its text
+        slug = re.sub(r"[^\w\- ]", "", title.replace("`", "").lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        anchors.add(slug if n == 0 else f"{slug}-{n}")
+        seen[slug] = n + 1
+    return anchors
+
+
+def links(text: str) -> list[str]:
+    return re.findall(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", strip_code_blocks(text))
+
+
+def test_github_anchor_rules():
+    text = "# A `b` (c): d\n## Dup\n## Dup\n```\n# not a heading\n```\n### site.yml's phases\n"
+    assert github_anchors(text) == {"a-b-c-d", "dup", "dup-1", "siteymls-phases"}
+
+
+@pytest.mark.parametrize("md", md_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_and_anchor_resolves(md: Path):
+    broken = []
+    for target in links(md.read_text()):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (md.parent / path).resolve() if path else md
+        if not dest.exists():
+            broken.append(f"{target}: {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest} does not exist")
+            continue
+        if not dest.is_relative_to(ROOT):
+            broken.append(f"{target}: points outside the repository")
+            continue
+        if anchor:
+            if dest.suffix != ".md":
+                broken.append(f"{target}: an anchor into a file that is not markdown")
+            elif anchor not in github_anchors(dest.read_text()):
+                broken.append(f"{target}: {dest.relative_to(ROOT)} has no heading with anchor #{anchor} "
+                              f"(it has: {', '.join(sorted(github_anchors(dest.read_text())))})")
+    assert not broken, f"{md.relative_to(ROOT)}: broken links:\n" + "\n".join(broken)
+
+
+@functools.cache
+def top_level() -> frozenset[str]:
+    return frozenset(f.split("/", 1)[0] for f in repo_files())
+
+
+def named_paths(text: str) -> list[str]:
+    """Backticked repo paths: `roles/serving/tasks/restart.yml`, `pdstack/...py`, `kernels/csrc` ... A path with a
+    placeholder (<role>, *, {a,b}, ...) names a family of files, not one, and is left out."""
+    tops = top_level() - {"build"}
+    found = []
+    for token in re.findall(r"`([^`\s]+)`", text):
+        token = token.split("#", 1)[0].rstrip(".,:;")  # a section of a file: the file
+        first = token.split("/", 1)[0]
+        if first not in tops or token in IMAGE_REPOSITORIES or re.search(r"[<>*{}|$]|\.\.\.", token):
+            continue
+        if "/" in token or "." in token:
+            found.append(token)
+    return found
+
+
+@pytest.mark.parametrize("md", md_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_repo_path_the_docs_name_exists(md: Path):
+    missing = []
+    for n, line in enumerate(md.read_text().splitlines(), start=1):
+        if "(landing with " in line:  # a module another branch adds: listed ahead of its merge
+            continue
+        missing += [f"line {n}: `{p}`" for p in named_paths(line) if not (ROOT / p).exists()]
+    assert not missing, (f"{md.relative_to(ROOT)} names paths that are not in the repository (fix the path, or "
+                         "the doc):\n" + "\n".join(missing))
+
+
+def test_named_paths_finds_paths_and_skips_families():
+    text = "`roles/serving/tasks/restart.yml`, `roles/<role>/README.md`, `pdstack/cli.py`, `/etc/pdstack/x`, `site.yml`"
+    assert named_paths(text) == ["roles/serving/tasks/restart.yml", "pdstack/cli.py", "site.yml"]
+
+
+def test_readme_is_short_and_keeps_the_two_commands():
+    text = README.read_text()
+    lines = text.splitlines()
+    assert len(lines) <= README_MAX_LINES, (f"README.md has {len(lines)} lines, at most {README_MAX_LINES}: move "
+                                            "reference into docs/ (one file per topic) and link it")
+    # the quick start, exactly as CI and newcomers use it (.ci/run runs ./dev.sh test)
+    assert "./dev.sh demo     # the main job:" in text and "./dev.sh test     # the whole test suite:" in text
+    for topic in TOPICS:
+        assert f"(docs/{topic}.md" in text, f"README.md's 'where to read next' does not link docs/{topic}.md"
+
+
+@pytest.mark.parametrize("topic", TOPICS)
+def test_each_topic_has_its_doc_with_a_table_of_contents_when_long(topic: str):
+    doc = ROOT / "docs" / f"{topic}.md"
+    assert doc.is_file(), f"docs/{topic}.md is missing"
+    text = doc.read_text()
+    assert text.startswith("# "), f"docs/{topic}.md: starts with a '# ' title"
+    sections = [h for h in strip_code_blocks(text).splitlines() if h.startswith("## ")]
+    if len(text.splitlines()) > 80 and len(sections) > 1:
+        toc = [a for a in links(text.split("\n## ", 1)[0]) if a.startswith("#")]
+        assert len(toc) >= len(sections), f"docs/{topic}.md is long: its top needs a table of contents of its sections"
+
+
+def package_modules() -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "pdstack").rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_layout_lists_every_module_of_the_package():
+    layout = (ROOT / "docs" / "layout.md").read_text()
+    listed = set(re.findall(r"^- `(pdstack/[^`]+)`", layout, flags=re.M))
+    missing = [m for m in package_modules() if m not in listed]
+    assert not missing, "docs/layout.md does not list these modules (one line each, under its group):\n" + "\n".join(
+        missing)
+    assert len(listed) >= len(package_modules()) > 50
+
+
+def test_cli_lists_every_pdstack_subcommand_and_invoke_task():
+    from invoke import Collection
+
+    import tasks
+    from pdstack.cli import COMMANDS
+
+    cli = (ROOT / "docs" / "cli.md").read_text()
+    missing = [f"pdstack {c}" for c in COMMANDS if f"`pdstack {c}" not in cli]
+
+    def names(coll: Collection, prefix: str = "") -> list[str]:
+        out = [prefix + t for t in coll.tasks]
+        for name, sub in coll.collections.items():
+            out += names(sub, f"{prefix}{name}.")
+        return out
+
+    for name in names(tasks.ns):
+        short = name.removesuffix(".image")  # build.image is the default of `build`: `invoke build`
+        if f"`invoke {name}" not in cli and f"`invoke {short}" not in cli:
+            missing.append(f"invoke {name}")
+    assert not missing, "docs/cli.md does not describe: " + ", ".join(missing)
+
+
+def facts_citations() -> list[tuple[str, int, str]]:
+    """Every `docs/facts.md#anchor` (or `facts.md#anchor` in docs/) the repo names."""
+    out = []
+    for f in repo_files():
+        if f == "tests/test_docs.py" or not f.endswith((".md", ".py", ".yml", ".yaml", ".j2", ".sh", ".cfg", ".toml")):
+            continue
+        for n, line in enumerate((ROOT / f).read_text(errors="replace").splitlines(), start=1):
+            for anchor in re.findall(r"(?:docs/)?facts\.md#([\w-]+)", line):
+                out.append((f, n, anchor))
+    return out
+
+
+def test_every_citation_of_docs_facts_names_a_section_it_has():
+    anchors = github_anchors((ROOT / "docs" / "facts.md").read_text())
+    cites = facts_citations()
+    wrong = [f"{f}:{n}: docs/facts.md#{a}" for f, n, a in cites if a not in anchors]
+    assert not wrong, f"no such section in docs/facts.md (it has {sorted(anchors)}):\n" + "\n".join(wrong)
+    assert len(cites) >= 10, "code and docs cite docs/facts.md by section"
+
+
+def test_nothing_cites_a_file_the_repo_does_not_ship():
+    offenders: dict[str, list[str]] = {}
+    for f in repo_files():
+        if f == "tests/test_docs.py":
+            continue
+        try:
+            text = (ROOT / f).read_text()
+        except UnicodeDecodeError:  # binary files (images, tarballs) cite nothing
+            continue
+        hits = [f"{n}: {line.strip()[:100]}" for n, line in enumerate(text.splitlines(), start=1)
+                if UNSHIPPED.search(line)]
+        if hits and not (f.startswith("tests/") and SKIPS_WITHOUT_SHARED.search(text)):
+            offenders[f] = hits
+    new = {f: h for f, h in offenders.items() if f not in PENDING_CONTROLLER_COMMENTS}
+    assert not new, ("these files cite FACTS.md or ../shared, which a clone of the repo does not have; cite "
+                     "docs/facts.md#<section> (add the fact there, in our words, with its command or upstream file):\n"
+                     + "\n".join(f"{f}:{h}" for f, hits in new.items() for h in hits))
+    fixed = sorted(PENDING_CONTROLLER_COMMENTS - set(offenders))
+    assert not fixed, f"no longer cite FACTS.md: remove them from PENDING_CONTROLLER_COMMENTS: {fixed}"
