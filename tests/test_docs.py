@@ -216,24 +216,39 @@ def test_cli_lists_every_pdstack_subcommand_and_invoke_task():
     assert not missing, "docs/cli.md does not describe: " + ", ".join(missing)
 
 
-def facts_citations() -> list[tuple[str, int, str]]:
-    """Every `docs/facts.md#anchor` (or `facts.md#anchor` in docs/) the repo names."""
+TEXT_SUFFIXES = (".md", ".py", ".yml", ".yaml", ".j2", ".sh", ".cfg", ".toml")
+
+
+def doc_mentions() -> list[tuple[str, int, str, str]]:
+    """Every `docs/<topic>.md[#anchor]` the repo names (in docs/ itself also `<topic>.md#anchor`): (file, line, doc,
+    anchor or "")."""
     out = []
     for f in repo_files():
-        if f == "tests/test_docs.py" or not f.endswith((".md", ".py", ".yml", ".yaml", ".j2", ".sh", ".cfg", ".toml")):
+        if f == "tests/test_docs.py" or not f.endswith(TEXT_SUFFIXES):
             continue
+        pattern = r"(?<![\w/.-])(?:docs/)?([\w-]+)\.md(?:#([\w-]+))?" if f.startswith("docs/") else \
+            r"(?<![\w/.-])docs/([\w-]+)\.md(?:#([\w-]+))?"
         for n, line in enumerate((ROOT / f).read_text(errors="replace").splitlines(), start=1):
-            for anchor in re.findall(r"(?:docs/)?facts\.md#([\w-]+)", line):
-                out.append((f, n, anchor))
+            for doc, anchor in re.findall(pattern, line):
+                if f.startswith("docs/") and not (ROOT / "docs" / f"{doc}.md").exists() and not anchor:
+                    continue  # README.md, RESULTS.md ... named in passing, not a doc of docs/
+                out.append((f, n, doc, anchor))
     return out
 
 
-def test_every_citation_of_docs_facts_names_a_section_it_has():
-    anchors = github_anchors((ROOT / "docs" / "facts.md").read_text())
-    cites = facts_citations()
-    wrong = [f"{f}:{n}: docs/facts.md#{a}" for f, n, a in cites if a not in anchors]
-    assert not wrong, f"no such section in docs/facts.md (it has {sorted(anchors)}):\n" + "\n".join(wrong)
-    assert len(cites) >= 10, "code and docs cite docs/facts.md by section"
+def test_every_mention_of_a_doc_names_one_that_exists_and_its_section():
+    """A comment or doc that says `docs/failure.md` or `docs/facts.md#sglang-router-032` points at something real."""
+    wrong = []
+    for f, n, doc, anchor in doc_mentions():
+        path = ROOT / "docs" / f"{doc}.md"
+        if not path.exists():
+            wrong.append(f"{f}:{n}: docs/{doc}.md does not exist")
+        elif anchor and anchor not in github_anchors(path.read_text()):
+            wrong.append(f"{f}:{n}: docs/{doc}.md has no section #{anchor} "
+                         f"(it has {sorted(github_anchors(path.read_text()))})")
+    assert not wrong, "\n".join(wrong)
+    facts = [m for m in doc_mentions() if m[2] == "facts" and m[3] and not m[0].startswith("docs/facts.md")]
+    assert len(facts) >= 10, "code and docs cite docs/facts.md by section"
 
 
 def test_nothing_cites_a_file_the_repo_does_not_ship():
@@ -272,7 +287,7 @@ def test_references_to_a_readme_section_name_one_it_has():
     headings = {h.lower() for h in re.findall(r"^#+\s+(.*?)\s*$", strip_code_blocks(README.read_text()), flags=re.M)}
     stale: dict[str, list[str]] = {}
     for f in repo_files():
-        if f == "tests/test_docs.py" or not f.endswith((".md", ".py", ".yml", ".yaml", ".j2", ".sh", ".toml")):
+        if f == "tests/test_docs.py" or not f.endswith(TEXT_SUFFIXES):
             continue
         for n, line in enumerate((ROOT / f).read_text(errors="replace").splitlines(), start=1):
             for section in README_SECTION.findall(line):
