@@ -26,13 +26,13 @@ TOPICS = ["inventory", "images", "admission", "failure", "rollouts", "monitoring
 # Files of pdstack/controller/ whose comments still cite FACTS.md: other branches rewrite these modules, and the
 # comments are fixed when they merge. The list may only shrink: a file here that no longer cites it fails the test
 # below, so whoever fixes one removes it from the list too.
-PENDING_CONTROLLER_COMMENTS = {
-    "pdstack/controller/gates/bench.py",
-    "pdstack/controller/gates/recall.py",
-    "pdstack/controller/load/flags.py",
-    "pdstack/controller/load/variables.py",
-    "pdstack/controller/plan/planner.py",
-    "pdstack/controller/render/frontdoor.py",
+PENDING_CONTROLLER_COMMENTS = {  # file -> what to cite instead
+    "pdstack/controller/gates/bench.py": "docs/facts.md#the-deployment (Speed)",
+    "pdstack/controller/gates/recall.py": "docs/facts.md#the-deployment (Recall)",
+    "pdstack/controller/load/flags.py": "docs/facts.md#sglang-0523 (Spell flags exactly)",
+    "pdstack/controller/load/variables.py": "docs/facts.md#sglang-router-032 (a variable's doc string)",
+    "pdstack/controller/plan/planner.py": "docs/facts.md#sglang-router-032",
+    "pdstack/controller/render/frontdoor.py": "docs/facts.md#sglang-router-032",
 }
 
 # Docker image repositories pdstack builds: spelled like paths, but images, not files.
@@ -268,15 +268,15 @@ def test_nothing_cites_a_file_the_repo_does_not_ship():
     assert not new, ("these files cite FACTS.md or ../shared, which a clone of the repo does not have; cite "
                      "docs/facts.md#<section> (add the fact there, in our words, with its command or upstream file):\n"
                      + "\n".join(f"{f}:{h}" for f, hits in new.items() for h in hits))
-    fixed = sorted(PENDING_CONTROLLER_COMMENTS - set(offenders))
+    fixed = sorted(set(PENDING_CONTROLLER_COMMENTS) - set(offenders))
     assert not fixed, f"no longer cite FACTS.md: remove them from PENDING_CONTROLLER_COMMENTS: {fixed}"
 
 
 # Comments in these pdstack/controller/ files still point at README sections that moved to docs/ (fixed at the
 # merge, as above; the list may only shrink).
-PENDING_CONTROLLER_README = {
-    "pdstack/controller/load/inventory.py",   # README "Writing a production inventory" -> docs/inventory.md
-    "pdstack/controller/plan/planner.py",     # README "Rollouts" -> docs/rollouts.md
+PENDING_CONTROLLER_README = {  # file -> what to cite instead
+    "pdstack/controller/load/inventory.py": 'README "Writing a production inventory" -> docs/inventory.md',
+    "pdstack/controller/plan/planner.py": 'README "Rollouts" -> docs/rollouts.md',
 }
 README_SECTION = re.compile(r"(?<![/\w])README(?:\.md)?(?:'s)?,?\s+\(?\"([^\"]+)\"")
 
@@ -296,7 +296,7 @@ def test_references_to_a_readme_section_name_one_it_has():
     new = {f: s for f, s in stale.items() if f not in PENDING_CONTROLLER_README}
     assert not new, ("these name a README.md section it does not have (the reference is in docs/ now: cite the doc):\n"
                      + "\n".join(f"{f}:{s}" for f, ss in new.items() for s in ss))
-    fixed = sorted(PENDING_CONTROLLER_README - set(stale))
+    fixed = sorted(set(PENDING_CONTROLLER_README) - set(stale))
     assert not fixed, f"no longer cite a moved README section: remove them from PENDING_CONTROLLER_README: {fixed}"
 
 
