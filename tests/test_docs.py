@@ -38,8 +38,9 @@ PENDING_CONTROLLER_COMMENTS = {  # file -> what to cite instead
 # Docker image repositories pdstack builds: spelled like paths, but images, not files.
 IMAGE_REPOSITORIES = {"pdstack/pybase", "pdstack/sim", "pdstack/sglang", "pdstack/sglang-base", "pdstack/testhost-base"}
 
-# A test may read a fixture of the shared workplace on purpose, if it skips with a reason when that is absent.
+# What a clone of the repo does not have: the workplace's notes and seeds beside it.
 UNSHIPPED = re.compile(r"FACTS\.md|\.\./shared|shared/seeds|/work/shared")
+# A test may read a fixture of the shared workplace on purpose, if it skips with a reason naming it when absent.
 SKIPS_WITHOUT_SHARED = re.compile(r"pytest\.(?:skip|mark\.skipif)\([^)]*shared", re.S)
 
 
@@ -68,7 +69,7 @@ def repo_files() -> tuple[str, ...]:
 
 def strip_code_blocks(text: str) -> str:
     """Markdown outside fenced code blocks (a link or heading inside a fence is not one)."""
-    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"^ *```.*?^ *```", "", text, flags=re.S | re.M)
 
 
 def github_anchors(text: str) -> set[str]:
@@ -93,7 +94,7 @@ def links(text: str) -> list[str]:
 
 
 def test_github_anchor_rules():
-    text = "# A `b` (c): d\n## Dup\n## Dup\n```\n# not a heading\n```\n### site.yml's phases\n"
+    text = "# A `b` (c): d\n## Dup\n## Dup\n```\n# not a heading\n```\n### site.yml's phases\n  ```\n# no\n  ```\n"
     assert github_anchors(text) == {"a-b-c-d", "dup", "dup-1", "siteymls-phases"}
 
 
