@@ -304,3 +304,40 @@ def test_references_to_a_readme_section_name_one_it_has():
 def test_readme_section_pattern():
     found = README_SECTION.findall('a (README, "Failure behaviour") b; README "Rollouts"; sim/README.md "Faults"')
     assert found == ["Failure behaviour", "Rollouts"]
+
+
+def named_code(text: str) -> list[tuple[str, str]]:
+    """What the docs say lives where: `pdstack.a.b.name` (a module, or a name it defines) and `NAME` in `path.py`.
+    Returns (the name as written, the problem); a dotted name ending in a file suffix (`pdstack.prom`) is a file."""
+    problems = []
+    for name in re.findall(r"`(pdstack(?:\.[A-Za-z_]\w*)+)`", text):
+        parts = name.split(".")
+        if parts[-1] in {"prom", "json", "fact", "yml", "py"}:
+            continue
+        for i in range(len(parts), 0, -1):
+            base = ROOT.joinpath(*parts[:i])
+            src = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+            if src.is_file():
+                break
+        else:
+            problems.append((name, "no such module"))
+            continue
+        rest = parts[i:]
+        if rest and not re.search(rf"^\s*(?:def|class)\s+{rest[0]}\b|^\s*{rest[0]}\s*[:=]", src.read_text(), re.M):
+            problems.append((name, f"{src.relative_to(ROOT)} defines no {rest[0]}"))
+    for sym, path in re.findall(r"`([A-Za-z_]\w*)(?:\(\))?` in\s+`([\w/.-]+\.py)`", text):
+        if (ROOT / path).is_file() and not re.search(rf"\b{sym}\b", (ROOT / path).read_text()):
+            problems.append((sym, f"not in {path}"))
+    return problems
+
+
+@pytest.mark.parametrize("md", md_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_code_the_docs_name_is_where_they_say(md: Path):
+    problems = named_code(md.read_text())
+    assert not problems, f"{md.relative_to(ROOT)}: " + "; ".join(f"`{n}`: {why}" for n, why in problems)
+
+
+def test_named_code_finds_a_moved_name():
+    text = ("`pdstack.hostside.watchdog.worst_case_restart_s`, `pdstack.nothere`, `pdstack.prom`, `LISTENERS` in "
+            "`pdstack/controller/check/preflight.py`, `LISTENERS` in `pdstack/controller/check/network.py`")
+    assert [n for n, _ in named_code(text)] == ["pdstack.nothere", "LISTENERS"]
