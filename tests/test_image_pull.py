@@ -12,7 +12,7 @@ that setting.
 
 PDSTACK_SHIP_PROD=1 also measures shipping the prod image (~11 GB) to the test host once, with the real image
 phase: `docker save` + tarball copy + `docker load`, then push + pull by digest (figures printed and written to
-build/ship-prod.json; README "Building images" quotes them). It needs ~35 GB of free disk and refuses to start
+build/ship-prod.json; docs/images.md, "Shipping 11 GB", quotes them). It needs ~35 GB of free disk and refuses to start
 with less than that plus a 10 GB margin.
 Slow: CI runs it (dev.sh installs docker-registry).
 """

@@ -1,4 +1,4 @@
-"""The package is grouped by where its code runs, and the imports respect it (README, "Layout"):
+"""The package is grouped by where its code runs, and the imports respect it (docs/layout.md):
 
 - hostside/ runs with a host's own python3 (the watchdog, probe, facts script): it imports no other part of pdstack;
 - image/ runs inside the prod image, which holds only the package root, errors and image/ (imagebuild/inputs.py);

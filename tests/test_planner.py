@@ -71,7 +71,8 @@ def test_router_argv_lists_every_worker_behind_the_front_door():
     assert a[:3] == ["python3", "-m", "sglang_router.launch_router"]
     assert a[a.index("--prefill") + 1: a.index("--prefill") + 3] == ["http://192.0.2.10:30000", "8998"]
     assert a[a.index("--decode") + 1] == "http://192.0.2.10:30001"
-    # the router's own limiter is off (a token bucket in 0.3.2, FACTS.md): admission is the front door's
+    # the router's own limiter is off (a token bucket in 0.3.2, docs/facts.md#sglang-router-032): admission is the
+    # front door's
     assert a[a.index("--max-concurrent-requests") + 1] == "-1"
     assert "--queue-size" not in a and "--queue-timeout-secs" not in a
     from sglang_router.launch_router import parse_router_args
@@ -82,7 +83,7 @@ def test_router_argv_lists_every_worker_behind_the_front_door():
     assert (parsed.host, parsed.port) == ("127.0.0.1", 8001) and r.internal_url == "http://127.0.0.1:8001"
     assert r.url == "http://192.0.2.10:8000"
     assert parsed.max_concurrent_requests == -1
-    # failure behaviour chosen (README "Failure behaviour"): breaker retries after 10 s, drain and stop agree
+    # failure behaviour chosen (docs/failure.md): breaker retries after 10 s, drain and stop agree
     assert parsed.cb_timeout_duration_secs == 10
     assert parsed.shutdown_grace_period_secs == 120 and r.stop_timeout_secs == 130
     fd = r.frontdoor

@@ -91,11 +91,11 @@ def test_playbook_phase_numbers_follow_site_order():
         assert head.startswith(f"# Phase {n}:"), f"playbooks/{f}: says {head!r}, but it is phase {n} in site.yml"
 
 
-def test_readme_layout_lists_every_role():
-    readme = (ROOT / "README.md").read_text()
-    layout = readme[readme.index("## Repository layout"):]
+def test_layout_doc_lists_every_role():
+    doc = (ROOT / "docs" / "layout.md").read_text()
+    layout = doc[doc.index("## The repository"):]
     for role in ROLES:
-        assert f"\n  {role.name}/ " in layout, f"README's Repository layout does not list role {role.name}"
+        assert f"\n  {role.name}/ " in layout, f"docs/layout.md's repository tree does not list role {role.name}"
 
 
 def test_role_readmes_give_the_phase_of_the_playbook_they_name():

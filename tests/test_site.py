@@ -88,7 +88,7 @@ def wait_serving(router: str, deadline_s: float) -> tuple[int, str]:
 
 def await_watchdog_restart(host: str, before: str | None, watchdog_host: str) -> tuple[float, float]:
     """(seconds, bound) until the watchdog (on `watchdog_host`) replaced `host`'s wedged pdstack-decode-0 container
-    `before`. README's bound for inventory/test (probe every 5 s, 2 failures before a restart, 5 s first-token
+    `before`. docs/failure.md's bound for inventory/test (probe every 5 s, 2 failures before a restart, 5 s first-token
     deadline) + 15 s for the unit's restart (docker stop/run of the sim); past it the test fails with the journal."""
     from pdstack.hostside.watchdog import worst_case_restart_s
 

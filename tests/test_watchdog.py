@@ -225,7 +225,7 @@ def test_role_template_renders_a_valid_config(tmp_path):
 
 
 def test_worst_case_wedge_to_restart_bound():
-    """README "Failure behaviour" states these: production defaults 385 s; the test layouts 40 s."""
+    """docs/failure.md ("Wedge to watchdog restart") states these: production defaults 385 s; the test layouts 40 s."""
     import yaml
 
     root = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ an ahead-of-time build possible on a machine without a GPU:
 We call the module loaders whose template arguments do not depend on the model's shapes or dtypes (so the cache
 key is exactly the one the server computes). Every shape-templated DSv4 kernel (norm+RoPE, compressors, stores,
 indexer q/k, top-k, MoE) still compiles on first start, into the same cache directory: mount a host volume there
-to pay that once per host. The list below and the README's "Building images" section must agree.
+to pay that once per host. The list below and docs/images.md ("SGLang's JIT kernels") must agree.
 
     python3 jit_aot.py --arch sm_120a --mode auto|require|off --report PATH
 """

@@ -1,8 +1,8 @@
 """`pdstack probe`: deep liveness of a PD deployment through its router.
 
 /health on an SGLang PD server never exercises the KV transfer (it uses a fake bootstrap host), and a wedged decode
-keeps answering 200 (FACTS.md). The probe sends one short *streamed* generation through the router, with deadlines,
-so a pass proves tokens flowed through prefill, the KV transfer and decode:
+keeps answering 200 (docs/facts.md#the-deployment, Liveness). The probe sends one short *streamed* generation
+through the router, with deadlines, so a pass proves tokens flowed through prefill, the KV transfer and decode:
 
     the prompt is a needle ("The secret code for pdstack-probe is <random>. What is ...?") -> the answer must carry
     the random code, so the decode side really got this prompt's KV, not a stale or garbled one.
@@ -292,7 +292,8 @@ class _Stream:
                 return _result(HTTP_ERROR, f"HTTP {status} from {url}/generate: {detail or '(empty body)'}",
                                http_status=status)
             return None
-        if kind == "eof":  # the router cuts a stream off at its request timeout (a wedged decode, FACTS.md)
+        # the router cuts a stream off at its request timeout (a wedged decode: docs/facts.md#sglang-router-032)
+        if kind == "eof":
             now = time.monotonic()
             snap = _worker_snapshot(self.prefill, self.decode)
             if self.tokens == 0:

@@ -1,8 +1,8 @@
 """`pdstack watchdog`: un-wedge a PD deployment whose /health still says 200.
 
-A wedged decode keeps answering /health with 200 (FACTS.md), so neither systemd nor the router notices it. A systemd
-timer on the router host runs one watchdog step every interval (`pdstack-watchdog.timer` -> a oneshot service, so runs
-never overlap). Each step:
+A wedged decode keeps answering /health with 200 (docs/facts.md#the-deployment, Liveness), so neither systemd nor
+the router notices it. A systemd timer on the router host runs one watchdog step every interval
+(`pdstack-watchdog.timer` -> a oneshot service, so runs never overlap). Each step:
 
  1. runs the deep probe (pdstack/hostside/probe.py) through the router;
  2. pass: resets the failure count (and clears an alert);
@@ -402,7 +402,7 @@ def worst_case_restart_s(*, interval_s: float, failures_before_restart: int, fir
     overlap) starts the next run at most interval + AccuracySec after the previous one ended; a probe through a wedge
     fails within max(first-token, stall) timeout; the K-th failing run then checks every server's /health (each
     within health_timeout_s) and restarts. So K x (interval + accuracy + max(first token, stall)) + servers x health.
-    The restart itself (the unit's stop + start) and the server's load time come on top (README, "Failure
-    behaviour")."""
+    The restart itself (the unit's stop + start) and the server's load time come on top (docs/failure.md,
+    "Wedge to watchdog restart")."""
     fail_s = max(first_token_timeout_s, stall_timeout_s)
     return failures_before_restart * (interval_s + timer_accuracy_s + fail_s) + servers * health_timeout_s

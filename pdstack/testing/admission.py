@@ -1,7 +1,7 @@
 """Admission measurements against the front door (real HAProxy -> real sglang-router -> sim PD pair), on loopback.
 
 The tests (tests/sim/test_frontdoor.py) assert on these figures; `python -m pdstack.testing.admission` prints them
-(README, "Admission control"). Each scenario returns a plain dict:
+(docs/admission.md). Each scenario returns a plain dict:
 
 - burst: `n` requests at once; decode's sglang:num_running_reqs sampled every 50 ms; per status: count and the
   slowest/fastest answer.

@@ -4,7 +4,7 @@
 The numbers are issue 15's: a 200-request burst at N=8, Q=16 never runs more than 8 on decode, serves >= N + Q and
 refuses the rest within 1 s with 429 + Retry-After; a waiter past the queue timeout is refused within timeout + 1 s;
 5 req/s for 20 s of ~2 s requests keeps decode at <= N with fast refusals and normal service after. The same
-scenarios print their figures with `python -m pdstack.testing.admission` (README, "Admission control").
+scenarios print their figures with `python -m pdstack.testing.admission` (docs/admission.md).
 """
 
 from __future__ import annotations

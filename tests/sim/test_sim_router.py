@@ -119,8 +119,8 @@ def test_decode_503_gives_router_503_after_retries(fresh_pd):
     assert status == 503, raw
     attempts = scrape(s.decode.url)["sglang:num_aborted_requests_total"] - before
     assert attempts >= 2, f"router tried decode {attempts} times; expected retries"
-    # streaming: the router answers 503 at once with an SSE-looking body that is not valid JSON (FACTS.md:
-    # "a truncated, invalid SSE error body")
+    # streaming: the router answers 503 at once with an SSE-looking body that is not valid JSON
+    # (docs/facts.md#sglang-router-032, "When decode refuses")
     status, raw = post(s.router.url + "/generate", _request("/generate", "hi", True, 3))
     assert status == 503, raw
     with pytest.raises(ValueError):

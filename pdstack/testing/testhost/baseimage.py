@@ -15,7 +15,8 @@ BASE_REPO = "pdstack/testhost-base"
 # The base image recipe. Everything here feeds the image tag, so changing any of it builds a new image.
 SUITE = "bookworm"
 VARIANT = "minbase"
-# FACTS.md's set, plus what deploying into the host needs without a network round trip:
+# The smallest set that boots (docs/facts.md#this-workplaces-machines-tests-and-the-local-demo),
+# plus what deploying into the host needs without a network round trip:
 # python3-apt for ansible.builtin.apt, ca-certificates for https apt sources (e.g. a vendor repo), procps for ps/pgrep.
 INCLUDE = (
     "systemd",

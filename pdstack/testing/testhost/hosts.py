@@ -11,8 +11,9 @@ from pdstack.testing.testhost.common import DEFAULT_PREFIX, LABEL, TesthostError
 
 BOOT_TIMEOUT_S = 90.0
 
-# `docker run` flags FACTS.md measured to boot systemd here (--privileged fails: CAP_SYS_RESOURCE is not in the
-# bounding set). RTMIN+3 is systemd's "halt" signal: without it `docker stop` waits its full 10 s.
+# `docker run` flags measured to boot systemd here (docs/facts.md#this-workplaces-machines-tests-and-the-local-demo;
+# --privileged fails: CAP_SYS_RESOURCE is not in the bounding set). RTMIN+3 is systemd's "halt" signal: without it
+# `docker stop` waits its full 10 s.
 HOST_RUN_KWARGS: dict[str, Any] = {
     "stop_signal": "RTMIN+3",
     "cap_add": ["ALL"],
@@ -120,7 +121,7 @@ def _wait_booted(c, names: list[str], timeout: float = BOOT_TIMEOUT_S) -> dict[s
                 raise TesthostError(
                     f"test host {name} stopped while booting (status {ct.status}); its last output:\n{logs}\n"
                     "Fix: check that the engine allows the flags in pdstack.testing.testhost.hosts.HOST_RUN_KWARGS "
-                    "(cgroup mount, capabilities); see FACTS.md"
+                    "(cgroup mount, capabilities); see docs/facts.md, \"This workplace's machines\""
                 )
             state = _system_state(ct)
             states[name] = state
