@@ -104,7 +104,11 @@ def _number_for_flag(action: Any, item: Any) -> str | None:
     if isinstance(item, str):
         if as_number(item.strip()) is not None:
             return f"{item!r} is a quoted number; write it without quotes ({item.strip()}) so every check sees it"
-        return None  # not a number at all: the flag's own parser refuses it, in its words
+        try:
+            float(item)
+        except ValueError:
+            return None  # not a number at all: the flag's own parser refuses it, in its words
+        return f"{item!r} is not a finite number; write a number"
     if kind is int and isinstance(item, float):
         return f"{item!r} is not a whole number; the flag takes an integer"
     return None

@@ -33,6 +33,8 @@ TEMPLATE_OPENERS = ("{{", "{%", "{#")
 
 _LoaderBase = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _DECIMAL_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
+# plain scalars PyYAML (1.1) reads as text that YAML 1.2 reads as numbers: 065838 (leading zero, not octal), 1e5
+_NUMBER_TO_OTHERS = re.compile(r"[-+]?0[0-9]+|[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+")
 _DECIMAL_FLOAT = re.compile(r"[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
 # The one template form the shipped inventories use: a path next to the inventory, resolved without Jinja.
 _ALLOWED_TEMPLATES = (
@@ -247,6 +249,9 @@ def scalar_problem(node: yaml.ScalarNode) -> str | None:
         read = f"the boolean {low in ('yes', 'on', 'y')}" if tag == "bool" else "a string, other YAML readers as a bool"
         return (f"unquoted {text} is read by YAML 1.1 (Ansible) as {read}; quote it: \"{text}\" (or write true or "
                 "false for a switch)")
+    if tag == "str" and _NUMBER_TO_OTHERS.fullmatch(text):
+        return (f"unquoted {text} is a number to other YAML readers (YAML 1.2) and a text to this one; write the "
+                f"number in plain decimal ({_plain(text)}), or quote it (\"{text}\") if it is a text")
     if tag == "int" and not _DECIMAL_INT.fullmatch(text):
         value = _shown(yaml.safe_load(text))
         digits = text.lstrip("+-").replace("_", "").lstrip("0") or "0"
@@ -266,6 +271,14 @@ def scalar_problem(node: yaml.ScalarNode) -> str | None:
     if tag == "timestamp":
         return f"unquoted {text} is read by YAML as a date; quote it: \"{text}\""
     return None
+
+
+def _plain(text: str) -> str:
+    try:
+        v = float(text)
+    except ValueError:
+        return text
+    return str(int(v)) if v.is_integer() and abs(v) <= MAX_INT else repr(v)
 
 
 def _shown(value: Any) -> str:
