@@ -112,9 +112,8 @@ def load_located(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]], 
             inv_dir = str(raw.get("inventory_dir") or (src if src.is_dir() else src.parent).resolve())
             wanted = {k: raw[k] for k in raw if k.startswith("pdstack_") or k in ROLE_PORT_VARS}
             hv = _resolve(plain(wanted), inv_dir)
-            for k in ("ansible_host", "ansible_connection"):
-                if k in raw:
-                    hv[k] = str(raw[k])
+            if "ansible_host" in raw:  # only when set: a host without any address is an error in production
+                hv["ansible_host"] = str(raw["ansible_host"])
             hostvars[host.name] = hv
             order = [("group", g.name) for g in sort_groups(host.get_groups())] + [("host", host.name)]
             locations.update(files.locations(scan, order, set(HOST_LEVEL), host.name, top=len(hostvars) == 1))
