@@ -154,6 +154,20 @@ def test_non_regular_files_are_refused_without_being_opened(inv: Path):
     assert "host_vars/gpu01/zero.yml: is a device" in msg
 
 
+def test_symlink_loops_and_dangling_links_are_refused(inv: Path):
+    os.symlink(".", inv / "group_vars/all/loop")
+    os.symlink(inv / "nowhere.yml", inv / "group_vars/all/gone.yml")
+    msg = refused(inv)
+    assert "group_vars/all/loop: a symlink loop" in msg and "group_vars/all/gone.yml: cannot be read" in msg
+
+
+def test_ansible_host_is_read_by_the_same_rules(inv: Path, tmp_path: Path):
+    marker = tmp_path / "ran"
+    sub(HOSTS, "ansible_host: 192.0.2.10", f"ansible_host: \"{{{{ lookup('pipe', 'touch {marker}') }}}}\"")(inv)
+    msg = refused(inv)
+    assert "ansible_host (hosts.yml:" in msg and "Jinja template" in msg and not marker.exists()
+
+
 def test_a_fifo_as_hosts_file_is_refused(inv: Path):
     (inv / HOSTS).unlink()
     os.mkfifo(inv / HOSTS)

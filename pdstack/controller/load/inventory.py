@@ -98,7 +98,7 @@ def load_located(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]], 
     src = Path(source)
     if not src.exists():
         raise InventoryError([f"inventory {str(src)!r} does not exist; pass -i inventory/production (or local, test)"])
-    scan = files.scan_inventory(src, tuple(ROLE_PORT_VARS))
+    scan = files.scan_inventory(src, (*ROLE_PORT_VARS, "ansible_host"))  # the checks read these too
     if scan.problems:
         raise InventoryError(scan.problems)
     loader = DataLoader()
