@@ -168,6 +168,19 @@ def test_ansible_host_is_read_by_the_same_rules(inv: Path, tmp_path: Path):
     assert "ansible_host (hosts.yml:" in msg and "Jinja template" in msg and not marker.exists()
 
 
+def test_too_many_vars_files_are_refused_quickly(inv: Path):
+    for i in range(2100):
+        (inv / f"group_vars/g{i}.yml").write_text("a: 1\n")
+    assert "group_vars: more than 2000 vars files" in refused(inv)
+
+
+def test_a_vars_file_named_by_a_whole_host_name_is_read_strictly_too(inv: Path):
+    os.mkfifo(inv / "host_vars/10.0.0.1")  # the vars of a host named 10.0.0.1: Ansible would open it
+    (inv / "host_vars/notes.md").write_text("not: [yaml\n")  # Ansible reads no .md: neither does pdstack
+    msg = refused(inv)
+    assert "host_vars/10.0.0.1: is a fifo" in msg and "notes.md" not in msg
+
+
 def test_a_fifo_as_hosts_file_is_refused(inv: Path):
     (inv / HOSTS).unlink()
     os.mkfifo(inv / HOSTS)

@@ -18,6 +18,9 @@ from pdstack.controller.load import yamlsafe
 from pdstack.controller.load.yamlsafe import Scan, Source
 
 Entity = tuple[str, str]  # ("group" | "host", name)
+# suffixes no vars file has (Ansible's INVENTORY_IGNORE_EXTS): a host_vars/ entry with another one, e.g. 10.0.0.1,
+# is the vars file of the host of that full name
+IGNORED_EXTS = (".md", ".txt", ".rst", ".orig", ".bak", ".swp", ".pyc", ".pyo", ".retry", ".cfg", ".ini", ".rpm")
 
 
 def scan_inventory(src: Path, extra: tuple[str, ...] = ()) -> Scan:
@@ -42,10 +45,18 @@ def scan_inventory(src: Path, extra: tuple[str, ...] = ()) -> Scan:
                 continue
             if entry.is_dir():
                 name, found = entry.name, _walk(entry, set(), count, scan.problems, base)
-            elif entry.suffix in yamlsafe.VAR_EXTS[:-1] or "." not in entry.name:
-                name, found = entry.stem if entry.suffix else entry.name, [entry]
-            else:
-                continue  # router.yml.bak, notes.md: Ansible does not read them either
+            elif entry.suffix in yamlsafe.VAR_EXTS[:-1]:
+                name, found = entry.stem, [entry]
+                count[0] += 1
+            elif entry.suffix in IGNORED_EXTS or entry.name.endswith("~"):
+                continue  # router.yml.bak, notes.md: no host or group is named so, Ansible does not read them
+            else:  # host_vars/10.0.0.1: Ansible reads it for the host of that name
+                name, found = entry.name, [entry]
+                count[0] += 1
+            if count[0] > yamlsafe.MAX_FILES:
+                scan.problems.append(f"{sub}: more than {yamlsafe.MAX_FILES} vars files; remove what is not "
+                                     "inventory")
+                break
             for p in found:
                 rel = _rel(p, base)
                 node = yamlsafe.read_file(p, rel, scan.problems, budget)
