@@ -20,12 +20,14 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdstack.controller.load import rules
-from pdstack.controller.load.schema import Schema, plain, validate_field
+from pdstack.controller.load import files, rules, yamlsafe
+from pdstack.controller.load.hosts import host_problems
+from pdstack.controller.load.schema import Schema, numbers_problems, plain, validate_field
 from pdstack.controller.load.variables import *  # noqa: F401,F403 (the variables' schema, re-exported)
 from pdstack.controller.load.variables import HOST_LEVEL, ROLE_PORT_VARS, TOP_LEVEL
 from pdstack.errors import InventoryError
@@ -59,6 +61,7 @@ class Deployment:
     warnings: list[str] = field(default_factory=list)
     smoke: dict[str, Any] = field(default_factory=dict)
     rollout: dict[str, Any] = field(default_factory=dict)
+    locations: dict[str, str] = field(default_factory=dict)  # variable path -> "file:line" (see located())
 
     def servers(self) -> list[tuple[Host, dict[str, Any]]]:
         return [(h, s) for h in self.hosts.values() for s in h.servers]
@@ -75,34 +78,65 @@ class Deployment:
 
 
 def load_hostvars(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
-    """Read an Ansible inventory the way ansible-playbook does: hostvars (pdstack_* templated) and groups."""
+    """Read an Ansible inventory the way ansible-playbook does: hostvars (pdstack_* ones) and groups."""
+    hostvars, groups, _ = load_located(source)
+    return hostvars, groups
+
+
+def load_located(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]], dict[str, str]]:
+    """load_hostvars, and where each pdstack value is set ({variable path: "file:line"}, see files.locations).
+
+    Every file is read strictly first (files.scan_inventory: duplicate keys, aliases, YAML 1.1 traps, templates, a
+    variable set in two files, fifos, size); only then does Ansible's loader merge them by its precedence. Nothing
+    is templated: the one allowed form ({{ inventory_dir }}/<path>) is resolved by yamlsafe, no Jinja runs."""
     from ansible.errors import AnsibleError
+    from ansible.inventory.helpers import sort_groups
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar
     from ansible.vars.manager import VariableManager
 
     src = Path(source)
     if not src.exists():
         raise InventoryError([f"inventory {str(src)!r} does not exist; pass -i inventory/production (or local, test)"])
+    scan = files.scan_inventory(src, (*ROLE_PORT_VARS, "ansible_host"))  # the checks read these too
+    if scan.problems:
+        raise InventoryError(scan.problems)
     loader = DataLoader()
+    locations: dict[str, str] = {}
     try:
         inv = InventoryManager(loader=loader, sources=[str(src)])
         vm = VariableManager(loader=loader, inventory=inv)
         hostvars: dict[str, dict[str, Any]] = {}
         for host in inv.get_hosts():
             raw = vm.get_vars(host=host)
-            templar = Templar(loader=loader, variables=raw)
+            inv_dir = str(raw.get("inventory_dir") or (src if src.is_dir() else src.parent).resolve())
             wanted = {k: raw[k] for k in raw if k.startswith("pdstack_") or k in ROLE_PORT_VARS}
-            hv = plain(templar.template(wanted))
-            hv["ansible_host"] = str(raw.get("ansible_host", host.name))
+            hv = _resolve(plain(wanted), inv_dir)
+            if "ansible_host" in raw:  # only when set: a host without any address is an error in production
+                hv["ansible_host"] = str(raw["ansible_host"])
             hostvars[host.name] = hv
+            order = [("group", g.name) for g in sort_groups(host.get_groups())] + [("host", host.name)]
+            locations.update(files.locations(scan, order, set(HOST_LEVEL), host.name, top=len(hostvars) == 1))
         groups = {g: [h.name for h in inv.groups[g].get_hosts()] for g in inv.groups}
     except AnsibleError as e:
         raise InventoryError([f"inventory {src}: Ansible could not read it: {e}"]) from e
     if not hostvars:
         raise InventoryError([f"inventory {src}: no hosts; list the GPU host(s) in hosts.yml"])
-    return hostvars, groups
+    problems = files.unmatched(scan, sorted(hostvars), sorted(groups))
+    if problems:
+        raise InventoryError(problems)
+    return hostvars, groups, locations
+
+
+def _resolve(value: Any, inventory_dir: str) -> Any:
+    """The allowed templates of `value` resolved (yamlsafe.resolve_template); everything else as it is."""
+    if isinstance(value, dict):
+        return {k: _resolve(v, inventory_dir) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve(v, inventory_dir) for v in value]
+    if isinstance(value, str) and "{{" in value:
+        return yamlsafe.resolve_template(value, inventory_dir)
+    return value
 
 
 def _members(groups: dict[str, Any], group: str) -> list[str]:
@@ -110,16 +144,46 @@ def _members(groups: dict[str, Any], group: str) -> list[str]:
     return [m for m in members if isinstance(m, str)] if isinstance(members, list) else []
 
 
-def build_deployment(hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]], source: str = "?"
-                     ) -> Deployment:
-    """Validate and type the variables. Raises InventoryError listing every problem found."""
+def build_deployment(hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]], source: str = "?",
+                     locations: dict[str, str] | None = None) -> Deployment:
+    """Validate and type the variables. Raises InventoryError listing every problem found, each naming the file and
+    line its value came from when `locations` (load_located) knows it."""
+    try:
+        return _build(hostvars, groups, source, locations or {})
+    except InventoryError as e:
+        raise InventoryError(list(dict.fromkeys(located(p, locations or {}) for p in e.problems))) from None
+
+
+def located(problem: str, locations: dict[str, str]) -> str:
+    """`problem` with " (file:line)" of the variable it starts with (the longest known prefix of its path)."""
+    path = re.split(r"[:\s]", problem, maxsplit=1)[0]
+    while path:
+        if path in locations:
+            where = locations[path]
+            return problem if where.split(":")[0] in problem else f"{problem} ({where})"
+        cut = max(path.rfind("."), path.rfind("["))
+        path = path[:cut] if cut > 0 else ""
+    return problem
+
+
+def _build(hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]], source: str,
+           locations: dict[str, str]) -> Deployment:
     problems: list[str] = []
     first = next(iter(hostvars.values()))
+    # numbers first, by one rule (finite, within 2**53): every later check and message may then use them
+    for key in TOP_LEVEL:
+        numbers_problems(first.get(key), key, problems)
+    for name, hv in hostvars.items():
+        for k in hv:
+            if k in HOST_LEVEL or k in ROLE_PORT_VARS:
+                numbers_problems(hv[k], f"host_vars/{name}.{k}", problems)
+    if problems:
+        raise InventoryError(problems)
+    problems += host_problems(hostvars, groups, first.get("pdstack_environment"))
     top: dict[str, Any] = {}
     for key, f in TOP_LEVEL.items():
         # group_vars/all values are the same on every host; host-specific overrides of these are not supported.
-        values = {repr(hv.get(key)) for hv in hostvars.values()}
-        if len(values) > 1:
+        if any(hv.get(key) != first.get(key) for hv in hostvars.values()):
             problems.append(f"{key}: differs between hosts; set it once in group_vars/all, not per host")
         top[key] = validate_field(f, first.get(key), key, problems, key in first)
     # unknown pdstack_* variables are almost always typos
@@ -174,6 +238,7 @@ def build_deployment(hostvars: dict[str, dict[str, Any]], groups: dict[str, list
         monitoring_hosts=monitoring,
         smoke=top["pdstack_smoke"],
         rollout=top["pdstack_rollout"],
+        locations=locations,
     )
 
 
@@ -181,8 +246,9 @@ def load(source: str | os.PathLike, resolved: str | os.PathLike | None = None) -
     """The deployment of inventory `source`. With `resolved` (a JSON file {"hostvars": {host: vars}, "groups": {...}}
     that the preflight role writes from what Ansible resolved, extra vars included) those variables are used instead
     of reading the inventory again, so `ansible-playbook -e ...` reaches the plan."""
+    locations: dict[str, str] = {}
     if resolved is None:
-        hostvars, groups = load_hostvars(source)
+        hostvars, groups, locations = load_located(source)
     else:
         import json
         try:
@@ -196,7 +262,7 @@ def load(source: str | os.PathLike, resolved: str | os.PathLike | None = None) -
                                   "to its variables)"])
         if not hostvars:
             raise InventoryError([f"inventory {source}: no hosts; list the GPU host(s) in hosts.yml"])
-    return build_deployment(hostvars, groups, source=str(source))
+    return build_deployment(hostvars, groups, source=str(source), locations=locations)
 
 
 # ---------------------------------------------------------------- CLI pieces shared by `pdstack plan` and `preflight`

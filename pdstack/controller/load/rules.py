@@ -99,6 +99,15 @@ def split_digest_ref(ref: str) -> tuple[str, str, str] | None:
 
 # ------------------------------------------------------------------------------------ values reaching a unit
 
+
+def flag_like_problem(v: Any) -> str | None:
+    """A value that follows a flag in an argv must not itself look like one (argparse would read '-x' as a flag)."""
+    if isinstance(v, str) and v.startswith("-"):
+        return (f"{v!r} starts with '-': on the command line it would be read as a flag, not as this value; remove "
+                "the leading '-'")
+    return None
+
+
 # The unit template writes each argv word with Ansible's `quote` (shell quoting) and doubles '%'; systemd reads
 # single-quoted words literally except that it still expands $VARS and C escapes ("\n") in ExecStart. So a word
 # is safe when it has no whitespace, no control character, no quote of the kind shell quoting nests, no '$' and
@@ -238,7 +247,7 @@ def port_of(value: Any) -> Any:
         return value
     try:
         return int(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # not a number; inf
         return value
 
 

@@ -7,11 +7,49 @@ preflight lists everything wrong with an inventory, each line naming the variabl
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 _MISSING = object()
+MAX_INT = 2 ** 53  # integers beyond it are not exact as JSON numbers or floats: no inventory number may be
+
+
+def number_problem(v: Any) -> str | None:
+    """The one rule for every number of an inventory: finite, and exact (|v| <= 2**53). bool is not a number."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    if isinstance(v, float) and not math.isfinite(v):
+        return f"{v!r} is not a finite number; write a number"
+    if abs(v) > MAX_INT:
+        return f"{v if isinstance(v, float) else str(v)[:20] + '...'} is beyond 2**53; write a smaller number"
+    return None
+
+
+def numbers_problems(value: Any, path: str, problems: list[str]) -> None:
+    """number_problem for every number inside `value` (mappings and lists walked), each named by its path."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            numbers_problems(v, f"{path}.{k}", problems)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            numbers_problems(v, f"{path}[{i}]", problems)
+    elif msg := number_problem(value):
+        problems.append(f"{path}: {msg}")
+
+
+def as_number(text: str) -> int | float | None:
+    """The number a quoted text spells ("30001", "1.5"), or None."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
 
 
 @dataclass(frozen=True)
@@ -56,7 +94,12 @@ class Schema:
 
 def validate_field(f: Field, value: Any, path: str, problems: list[str], present: bool = True) -> Any:
     """Validate one value against its Field; `present=False` means the key was not set at all."""
-    if not present or (value is None and not f.required):
+    if present and value is None and type(None) not in f.types:
+        # `key:` with nothing after it (or every line under it commented out) is not "defaults apply"
+        problems.append(f"{path}: is empty (null); remove the key or give it a value ({f.doc}); if you meant the "
+                        "word null, quote it")
+        return None
+    if not present:
         if f.required:
             problems.append(f"{path}: required ({f.doc}); set it in the inventory")
             return None
@@ -67,11 +110,20 @@ def validate_field(f: Field, value: Any, path: str, problems: list[str], present
 
 def _fill(f: Field, v: Any, path: str, problems: list[str]) -> Any:
     if isinstance(v, bool) and bool not in f.types:
-        problems.append(f"{path}: expected {_names(f.types)}, got boolean {v!r}")
+        hint = "; if you meant the word, quote it (\"off\", \"no\"): unquoted YAML reads it as a boolean" \
+            if str in f.types else ""
+        problems.append(f"{path}: expected {_names(f.types)}, got boolean {v!r}{hint}")
+        return v
+    if msg := number_problem(v):
+        problems.append(f"{path}: {msg}")
         return v
     if not isinstance(v, f.types):
         if float in f.types and isinstance(v, int):
             v = float(v)
+        elif isinstance(v, str) and (int in f.types or float in f.types) and as_number(v.strip()) is not None:
+            problems.append(f"{path}: expected {_names(f.types)}, got the string {v!r}; write it without quotes "
+                            f"({path.rsplit('.', 1)[-1]}: {v.strip()}), so that every check sees the number")
+            return v
         else:
             problems.append(f"{path}: expected {_names(f.types)}, got {type(v).__name__} {v!r}")
             return v

@@ -7,7 +7,7 @@ import difflib
 from typing import Any
 
 from pdstack.controller.load import rules
-from pdstack.controller.load.schema import Field, Schema
+from pdstack.controller.load.schema import Field, Schema, as_number
 
 ENVIRONMENTS = ("production", "local", "test")
 ENGINES = ("sglang", "sim")
@@ -73,18 +73,51 @@ def parser_setting(model: dict[str, Any], key: str) -> str | None:
     return None if v in (None, PARSER_OFF) else v
 
 
-def _extra_args(v: dict) -> str | None:
-    bad = [k for k in v if not isinstance(k, str) or k.startswith("-") or not k]
-    if bad:
-        return (f"keys {bad!r} must be SGLang flag names without the leading dashes, e.g. "
-                "'mem-fraction-static: 0.85' for --mem-fraction-static 0.85")
+def _extra_args(which: str):
+    """The check of an extra_args mapping for SGLang's ("sglang") or the router's ("router") parser: flag names
+    without dashes; values that follow a flag do not look like flags; a flag whose parser type is int or float gets
+    a number, not a quoted one (every range check then sees the number the parser gets)."""
+    def check(v: dict) -> str | None:
+        from pdstack.controller.load import flags
+
+        bad = [k for k in v if not isinstance(k, str) or k.startswith("-") or not k]
+        if bad:
+            return (f"keys {bad!r} must be flag names without the leading dashes, e.g. "
+                    "'mem-fraction-static: 0.85' for --mem-fraction-static 0.85")
+        parser = flags.sglang_parser() if which == "sglang" else flags.router_parser()
+        out = []
+        for key, value in v.items():
+            for item in value if isinstance(value, list) else [value]:
+                msg = rules.flag_like_problem(item) or _number_for_flag(flags.action_for(parser, f"--{key}"), item)
+                if msg:
+                    out.append(f"{key}: {msg}")
+        return "; ".join(out) or None
+    return check
+
+
+def _number_for_flag(action: Any, item: Any) -> str | None:
+    kind = getattr(action, "type", None)
+    if kind not in (int, float) or isinstance(item, dict | list) or item is None:
+        return None
+    if isinstance(item, bool):
+        return None  # a bare flag (true) or none (false): the flag's own parser judges it
+    if isinstance(item, str):
+        if as_number(item.strip()) is not None:
+            return f"{item!r} is a quoted number; write it without quotes ({item.strip()}) so every check sees it"
+        try:
+            float(item)
+        except ValueError:
+            return None  # not a number at all: the flag's own parser refuses it, in its words
+        return f"{item!r} is not a finite number; write a number"
+    if kind is int and isinstance(item, float):
+        return f"{item!r} is not a whole number; the flag takes an integer"
     return None
 
 
 MODEL = Schema("pdstack_model", {
     "path": Field((str,), "model directory on the host, mounted read-only into the server",
                   check=rules.host_path_problem),
-    "served_name": Field((str,), "name clients ask for (--served-model-name)"),
+    "served_name": Field((str,), "name clients ask for (--served-model-name)", check=rules.flag_like_problem),
     "context_length": Field((int,), "maximum context length in tokens (--context-length)", check=_positive),
     "family": Field((str,), "model family: deepseek_v4 turns on DeepSeek-V4 rules (no --hicache-size, DSA index keys)",
                     default="deepseek_v4", choices=("deepseek_v4", "other")),
@@ -141,7 +174,8 @@ HICACHE = Schema("hicache", {
 
 TRANSFER = Schema("transfer", {
     "backend": Field((str,), "--disaggregation-transfer-backend", default="mooncake", choices=TRANSFER_BACKENDS),
-    "ib_device": Field((str,), "--disaggregation-ib-device (e.g. mlx5_0); unset: the backend picks", default=None),
+    "ib_device": Field((str,), "--disaggregation-ib-device (e.g. mlx5_0); unset: the backend picks", default=None,
+                       check=rules.flag_like_problem),
 })
 
 SERVER = Schema("server", {
@@ -156,7 +190,7 @@ SERVER = Schema("server", {
     "hicache": Field((dict,), "HiCache policy", default=dict, schema=HICACHE),
     "transfer": Field((dict,), "KV transfer backend", default=dict, schema=TRANSFER),
     "extra_args": Field((dict,), "extra SGLang flags, name without dashes -> value (true for a bare flag)",
-                        default=dict, check=_extra_args),
+                        default=dict, check=_extra_args("sglang")),
     "env": Field((dict,), "extra environment variables for the server", default=dict),
 })
 
@@ -224,7 +258,8 @@ ROUTER = Schema("pdstack_router", {
     "health_check": Field((dict,), "worker health checks", default=dict, schema=HEALTH),
     "request_timeout_secs": Field((int,), "per-attempt request timeout, also caps a whole stream, seconds",
                                   default=1800, check=_positive),
-    "extra_args": Field((dict,), "extra router flags, name without dashes -> value", default=dict, check=_extra_args),
+    "extra_args": Field((dict,), "extra router flags, name without dashes -> value", default=dict,
+                          check=_extra_args("router")),
 })
 
 PD = Schema("pdstack_pd", {
