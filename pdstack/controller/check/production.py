@@ -98,7 +98,13 @@ def production_facts_problems(dep: Deployment, facts: dict[str, dict]) -> list[s
             if peer["role"] == s["role"] or peer_host == host or (host, peer_host) in seen:
                 continue
             mine, theirs = devices(host), devices(peer_host)
-            if mine and theirs == []:
+            if mine and theirs is None and (host, peer_host) not in seen:
+                seen.add((host, peer_host))
+                p.append(f"{_where(host, i, s)}.transfer.backend: {s['transfer']['backend']} moves KV over RDMA, "
+                         f"and host {host} has RDMA devices ({', '.join(mine)}), but the facts of its PD peer "
+                         f"{peer['name']}'s host {peer_host} have no InfiniBand list at all, so the pair cannot be "
+                         f"checked; record {peer_host}'s facts again with `pdstack facts` (the facts phase)")
+            elif mine and theirs == []:
                 seen.add((host, peer_host))
                 p.append(f"{_where(host, i, s)}.transfer.backend: {s['transfer']['backend']} moves KV over RDMA, "
                          f"and host {host} has RDMA devices ({', '.join(mine)}), but its PD peer {peer['name']}'s "
