@@ -250,6 +250,18 @@ BUDGETS = [
       ["(prefill-0).extra_args.mem-fraction-static: inf is not a finite number", "0 < value < 1"]),
     C("page-size-infinite", servers(lambda s: [x["extra_args"].update({"page-size": float("inf")}) for x in s]),
       ["extra_args.page-size: inf is not a finite number"]),
+    # numbers that arrive as strings are checked as the number SGLang's parser makes of them
+    C("mem-fraction-as-a-string", extra(0, "mem-fraction-static", "1.5"),
+      ["(prefill-0).extra_args.mem-fraction-static: '1.5' is out of range", "0 < value < 1"]),
+    C("nccl-port-as-a-string-on-a-taken-port", extra(0, "nccl-port", "30001"),
+      ["(decode-0).ports.http: port 30001 on host gpu01 is already taken by", "(prefill-0).extra_args.nccl-port"]),
+    C("cpu-offload-as-a-string", extra(0, "cpu-offload-gb", "200"),
+      ["prefill-0 800 GiB (CPU offload of weights: cpu-offload-gb 200 x 4 TP rank(s))"]),
+    C("mem-fraction-string-inf", extra(1, "mem-fraction-static", "inf"),
+      ["(decode-0).extra_args.mem-fraction-static: 'inf' is not a finite number"]),
+    *(C(f"numa-binding-env-{k}", env(0, {k: "0"}),
+        [f"(prefill-0).env.{k}: {k} switches SGLang's own NUMA/CPU binding", f"remove env.{k}"])
+      for k in budgets.NUMA_ENV),
 ]
 
 

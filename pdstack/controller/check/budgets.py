@@ -20,6 +20,7 @@ from collections import defaultdict
 from typing import Any
 
 from pdstack.controller.check.tables import _where
+from pdstack.controller.load import flags
 
 # flag -> what it asks per TP rank, in GiB per unit of its value (hicache-size is GB: counted as GiB, a little more)
 COUNTED_HOST_MEMORY = {"cpu-offload-gb": "CPU offload of weights", "hicache-size": "HiCache host pool"}
@@ -35,6 +36,9 @@ UNCOUNTED_HOST_MEMORY = {
     "ple-offload-embedding": "the PLE n-gram embedding table in pinned host memory",
 }
 NUMA_FLAGS = ("numa-node",)
+# SGLang's own NUMA and CPU binding switches (sglang/srt/environ.py, "NUMA and CPU affinity"; utils/numa_utils.py
+# wraps each subprocess in numactl for its GPU's node): the plan's binding is the one that holds.
+NUMA_ENV = ("SGLANG_NUMA_BIND_V2", "SGLANG_AUTO_NUMA_BIND", "SGLANG_SET_CPU_AFFINITY")
 # A device KV pool below this share of the GPU memory SGLang reserves for weights and KV is taken as a misreading
 # of the log line when the ratio it gives would overrun the node even at that size.
 MIN_POOL_SHARE = 0.1
@@ -53,6 +57,23 @@ def finite_number(v: Any) -> float | None:
     if isinstance(v, float) and math.isfinite(v):
         return v
     return None
+
+
+def sink_value(value: Any, typ: Any) -> Any:
+    """What the flag's parser makes of `value`: for a flag of numeric type, the number argparse gets from the word
+    pdstack renders (so "1.5" and "30001" are checked as the 1.5 and 30001 SGLang sees); else `value` itself, also
+    when the word does not parse (the parser check names that)."""
+    if isinstance(value, str) and typ in (int, float):
+        try:
+            return typ(value.strip())
+        except (ValueError, OverflowError):
+            return value
+    return value
+
+
+def _flag_type(key: str) -> Any:
+    a = flags.action_for(flags.sglang_parser(), f"--{key}")
+    return a.type if a is not None else None
 
 
 def _is_off(v: Any) -> bool:
@@ -74,7 +95,7 @@ def host_memory_flag_problems(where: str, extra: dict[str, Any], p: list[str]) -
                      f"HiCache); remove extra_args.{key} (host memory for KV: hicache.host_budget_gb; for "
                      "weights: extra_args.cpu-offload-gb, which is counted)")
         elif key in COUNTED_HOST_MEMORY and value is not None and value is not False:
-            n = finite_number(value)
+            n = finite_number(sink_value(value, _flag_type(key)))
             if n is None or n < 0:
                 p.append(f"{path}: {value!r} is not a number of GiB (>= 0, finite); write a plain number, e.g. "
                          f"{key}: 16, or remove it")
@@ -90,7 +111,7 @@ def server_host_memory(s: dict[str, Any], family: str) -> list[tuple[float, str,
     for key, what in COUNTED_HOST_MEMORY.items():
         if key == "hicache-size" and family == "deepseek_v4":
             continue  # refused statically (servers.py)
-        n = finite_number(s["extra_args"].get(key))
+        n = finite_number(sink_value(s["extra_args"].get(key), _flag_type(key)))
         if n and n > 0:
             out.append((n * s["tp_size"], f"extra_args.{key}",
                         f" ({what}: {key} {n:g} x {s['tp_size']} TP rank(s))"))
@@ -134,7 +155,7 @@ def _pool_problems(h, i: int, s: dict, f: dict, node: int, avail: float, p: list
     if not mem or len(mem) != len(s["gpus"]) or not all(finite_number(m) for m in mem):
         return  # GPUs beyond the host's are refused by topology.py; memory unknown: nothing to compare
     gpu_gib = sum(mem) / 1024
-    mff = finite_number(s["extra_args"].get("mem-fraction-static"))
+    mff = finite_number(sink_value(s["extra_args"].get("mem-fraction-static"), float))
     share, said = (mff, f"mem-fraction-static {mff:g}") if mff and 0 < mff < 1 else (1.0, "all of it")
     static = gpu_gib * share
     where = _where(h.name, i, s)

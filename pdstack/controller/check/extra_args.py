@@ -127,7 +127,13 @@ def _listener_ports(parser, extra: dict) -> list[tuple[int, str, str]]:
     out = []
     for key, value in extra.items():
         a = flags.action_for(parser, f"--{key}")
-        if (a is not None and a.dest.endswith("_port") and not any(w in a.dest for w in _REMOTE_PORT_WORDS)
-                and isinstance(value, int) and not isinstance(value, bool)):
+        if a is None or not a.dest.endswith("_port") or any(w in a.dest for w in _REMOTE_PORT_WORDS):
+            continue
+        if isinstance(value, str) and a.type is int:  # "30001" is the port 30001 to SGLang
+            try:
+                value = int(value.strip())
+            except ValueError:
+                continue  # the parser check names it
+        if isinstance(value, int) and not isinstance(value, bool):
             out.append((value, key, a.dest))
     return out

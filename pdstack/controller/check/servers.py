@@ -177,13 +177,15 @@ def _server_problems(dep: Deployment, host: str, i: int, s: dict, p: list[str]) 
             p.append(f"{where}.extra_args: {', '.join(keys)} all set {dest} (they are one SGLang setting, the last "
                      f"one would win); keep one of them")
     for key, value in extra.items():
-        if key in VALUE_LIMITS and isinstance(value, int | float) and not isinstance(value, bool):
+        a = flags.action_for(parser, f"--{key}")
+        v = budgets.sink_value(value, a.type if a is not None else None)  # the number SGLang will get
+        if key in VALUE_LIMITS and isinstance(v, int | float) and not isinstance(v, bool):
             ok, rule = VALUE_LIMITS[key]
-            if budgets.finite_number(value) is None:
+            if budgets.finite_number(v) is None:
                 p.append(f"{where}.extra_args.{key}: {value!r} is not a finite number ({rule}); write a plain "
                          "number")
-            elif not ok(value):
-                p.append(f"{where}.extra_args.{key}: {value} is out of range: {rule} (SGLang 0.5.23 refuses it at "
+            elif not ok(v):
+                p.append(f"{where}.extra_args.{key}: {value!r} is out of range: {rule} (SGLang 0.5.23 refuses it at "
                          "startup, after loading for minutes)")
         if key == "hicache-size" and family == "deepseek_v4":
             p.append(f"{where}.extra_args.hicache-size: DeepSeek V4 rejects --hicache-size (ValueError when the "
@@ -224,6 +226,10 @@ def _env_problems(where: str, env: dict[str, Any], p: list[str]) -> None:
         if not rules.ENV_NAME_RE.fullmatch(k):
             p.append(f"{path}: {k!r} is not an environment variable name (letters, digits and '_', not starting "
                      "with a digit)")
+        elif k in budgets.NUMA_ENV:
+            p.append(f"{path}: {k} switches SGLang's own NUMA/CPU binding, but the plan binds the server itself "
+                     f"(docker --cpuset-cpus/--cpuset-mems); remove env.{k} (numa_node with numa_override: true "
+                     "pins another node)")
         elif k in env_owned and env_owned[k].startswith("the image"):
             p.append(f"{path}: {k} comes from {env_owned[k]}; an override replaces the image's value, not adds "
                      f"to it: remove env.{k}")
