@@ -200,6 +200,26 @@ def test_production_protection_cannot_be_switched_off(inv: Path, tmp_path: Path,
         assert fragment in msg, f"{fragment!r} not in:\n{msg}"
 
 
+def _router_old_beside_router(inv: Path) -> None:
+    """router_old.yml sorts after router.yml, so its pdstack_router replaces the whole mapping: admission off."""
+    (inv / "group_vars/all/router_old.yml").write_text("pdstack_router:\n  port: 8000\n")
+
+
+def _second_admission_key(inv: Path) -> None:
+    p = inv / ROUTER
+    p.write_text(p.read_text() + "  admission:\n    max_concurrent_requests: -1\n")
+
+
+@pytest.mark.parametrize("edit", [_router_old_beside_router, _second_admission_key],
+                         ids=["router-old-yml-overrides", "second-admission-key"])
+def test_admission_switched_off_from_another_file_or_key_is_refused(inv: Path, tmp_path: Path, edit):
+    """Either the loader refuses the shadowing itself, or the production profile refuses what it left: both name
+    pdstack_router and what to do."""
+    edit(inv)
+    msg = refused(inv, tmp_path)
+    assert "pdstack_router" in msg and ("admission" in msg or "router_old.yml" in msg or "duplicate" in msg), msg
+
+
 def test_the_production_profile_is_production_only(inv: Path, tmp_path: Path):
     """A local deployment may run without admission and with the fake backend (a test of the path, not the KV)."""
     both(transfer(None, backend="fake"), router(lambda r: r["admission"].update(max_concurrent_requests=-1)),
