@@ -416,3 +416,60 @@ def test_a_served_name_is_never_a_flag(inv: Path, tmp_path: Path, edit, expected
     msg = refused(inv, tmp_path, facts)
     for fragment in expected:
         assert fragment in msg, f"{fragment!r} not in:\n{msg}"
+
+
+# ------------------------------------------------------------------ no hostile value makes a check crash
+
+HOSTILE = [None, True, False, "", "-", "--port", "1e999", "inf", "nan", "0x10", " 7 ", "a\nb", "x" * 140000,
+           float("inf"), float("-inf"), float("nan"), 10 ** 310, -(10 ** 310), 2 ** 63, -1, 0, 1.5, [], [None],
+           [float("inf")], ["--decode", "http://203.0.113.66:30001"], {}, {"a": float("nan")}, "@/etc/x", "../x"]
+FREE_FORM = ["mem-fraction-static", "cpu-offload-gb", "hicache-size", "nccl-port", "chat-template", "page-size",
+             "numa-node", "enable-paged-experts", "offload-group-size", "hicache-storage-backend-extra-config",
+             "cuda-graph-bs-decode", "tokenizer-path"]
+
+
+@pytest.fixture(scope="module")
+def prod_dep(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hostile") / "production"
+    shutil.copytree(PROD, d)
+    _yaml_edit(d, "hosts.yml", lambda h: h["all"]["children"]["gpu"]["hosts"]["gpu01"].update(ansible_host=REAL))
+    return inventory.load(d), {"gpu01": {**copy.deepcopy(REF), "infiniband": ["mlx5_0"]}}
+
+
+def _checks(dep, facts) -> list[str]:
+    from pdstack.controller.check import preflight
+    return preflight.static_problems(dep, deploy=True) + preflight.topology_problems(dep, facts)
+
+
+@pytest.mark.parametrize("key", FREE_FORM)
+def test_no_extra_args_value_crashes_a_check(prod_dep, key):
+    """extra_args values reach the checks as YAML wrote them: each hostile one is a problem or fine, never a
+    traceback (the real suite's fuzz of types covers the schema's own fields)."""
+    base, facts = prod_dep
+    for value in HOSTILE:
+        dep = copy.deepcopy(base)
+        dep.hosts["gpu01"].servers[0]["extra_args"][key] = value
+        problems = _checks(dep, facts)
+        assert all(isinstance(m, str) and m for m in problems)
+
+
+@pytest.mark.parametrize("where", ["env", "hicache.host_budget_gb", "hicache.device_kv_pool_gb", "numa_reserve",
+                                   "ib_device"])
+def test_no_hostile_number_or_string_crashes_a_check(prod_dep, where):
+    base, facts = prod_dep
+    for value in HOSTILE:
+        dep = copy.deepcopy(base)
+        s = dep.hosts["gpu01"].servers[1]
+        if where == "env":
+            s["env"]["X"] = value
+        elif where.startswith("hicache."):
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                continue  # the schema types these: numbers only
+            s["hicache"][where.partition(".")[2]] = value
+        elif where == "numa_reserve":
+            if budgets.finite_number(value) is None:
+                continue  # the loader types it: a finite number (h-load)
+            dep.hosts["gpu01"].numa_reserve_gb = float(value)
+        elif isinstance(value, str):
+            s["transfer"]["ib_device"] = value
+        _checks(dep, facts)
