@@ -6,7 +6,8 @@ allocates in host memory (sglang/srt/arg_groups/fields/*.py, the ServerArgs fiel
 
   HiCache      --hicache-ratio x the device KV pool, per server (mem_cache/memory_pool_host.py); the planner derives
                the ratio from hicache.host_budget_gb / hicache.device_kv_pool_gb, so a wrong pool size moves it
-  --hicache-size         GB per TP rank, overriding the ratio (DeepSeek V4 rejects it: servers.py)
+  --hicache-size         GB per TP rank, overriding that ratio: refused, so host_budget_gb is the one HiCache
+                         number (DeepSeek V4 rejects it anyway: servers.py)
   --cpu-offload-gb       GiB per TP rank (utils/offloader.py: cpu_offload_max_bytes = gb * 1024**3 per process)
 
 Flags whose host memory depends on the model or on a config file pdstack does not read are refused: their size
@@ -22,8 +23,8 @@ from typing import Any
 from pdstack.controller.check.tables import _where
 from pdstack.controller.load import flags
 
-# flag -> what it asks per TP rank, in GiB per unit of its value (hicache-size is GB: counted as GiB, a little more)
-COUNTED_HOST_MEMORY = {"cpu-offload-gb": "CPU offload of weights", "hicache-size": "HiCache host pool"}
+# flag -> what it asks: GiB per TP rank per unit of its value
+COUNTED_HOST_MEMORY = {"cpu-offload-gb": "CPU offload of weights"}
 UNCOUNTED_HOST_MEMORY = {
     "enable-weights-cpu-backup": "a host copy of the model's weights",
     "enable-draft-weights-cpu-backup": "a host copy of the draft model's weights",
@@ -81,11 +82,16 @@ def _is_off(v: Any) -> bool:
     return v is None or v is False or (finite_number(v) is not None and finite_number(v) <= 0)
 
 
-def host_memory_flag_problems(where: str, extra: dict[str, Any], p: list[str]) -> None:
+def host_memory_flag_problems(where: str, extra: dict[str, Any], family: str, p: list[str]) -> None:
     """Static: NUMA binding flags, uncountable host memory, and counted flags whose value is not a number."""
     for key, value in extra.items():
         path = f"{where}.extra_args.{key}"
-        if key in NUMA_FLAGS:
+        if key == "hicache-size" and family != "deepseek_v4" and not _is_off(value):
+            p.append(f"{path}: --hicache-size overrides the --hicache-ratio the planner derives from the server's "
+                     "hicache.host_budget_gb / device_kv_pool_gb, so the budget pdstack checks against the NUMA node "
+                     "would not be what SGLang allocates; remove extra_args.hicache-size and set "
+                     "hicache.host_budget_gb (with hicache.enabled: true)")
+        elif key in NUMA_FLAGS:
             p.append(f"{path}: the plan binds the server to a NUMA node itself (docker --cpuset-cpus/--cpuset-mems, "
                      f"the node its GPUs hang off); remove extra_args.{key}, and to pin another node set the "
                      "server's numa_node with numa_override: true")
@@ -101,7 +107,7 @@ def host_memory_flag_problems(where: str, extra: dict[str, Any], p: list[str]) -
                          f"{key}: 16, or remove it")
 
 
-def server_host_memory(s: dict[str, Any], family: str) -> list[tuple[float, str, str]]:
+def server_host_memory(s: dict[str, Any]) -> list[tuple[float, str, str]]:
     """(GiB, variable, how) of each host memory ask of server `s`; only values a budget can count."""
     out = []
     hc = s["hicache"]
@@ -109,8 +115,6 @@ def server_host_memory(s: dict[str, Any], family: str) -> list[tuple[float, str,
     if hc["enabled"] and budget:
         out.append((budget, "hicache.host_budget_gb", ""))
     for key, what in COUNTED_HOST_MEMORY.items():
-        if key == "hicache-size" and family == "deepseek_v4":
-            continue  # refused statically (servers.py)
         n = finite_number(sink_value(s["extra_args"].get(key), _flag_type(key)))
         if n and n > 0:
             out.append((n * s["tp_size"], f"extra_args.{key}",
@@ -128,7 +132,7 @@ def budget_problems(dep, h, f: dict, nodes: dict[int, dict], node_of, p: list[st
             continue
         avail = nodes[node]["mem_total_mb"] / 1024 - h.numa_reserve_gb
         _pool_problems(h, i, s, f, node, avail, p)
-        for gib, var, how in server_host_memory(s, dep.model["family"]):
+        for gib, var, how in server_host_memory(s):
             per_node[node].append((s["name"], gib, var, how))
     for node, wants in per_node.items():
         node_gib = nodes[node]["mem_total_mb"] / 1024

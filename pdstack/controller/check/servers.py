@@ -166,7 +166,7 @@ def _server_problems(dep: Deployment, host: str, i: int, s: dict, p: list[str]) 
                _dests(parser, GPU_SET_FLAGS).items()}
     extra = s["extra_args"]
     problems_before = len(p)
-    budgets.host_memory_flag_problems(where, extra, p)
+    budgets.host_memory_flag_problems(where, extra, family, p)
     by_dest: dict[str, list[str]] = defaultdict(list)
     for key in extra:
         a = flags.action_for(parser, f"--{key}")
@@ -192,7 +192,7 @@ def _server_problems(dep: Deployment, host: str, i: int, s: dict, p: list[str]) 
                      "memory pool is built, minutes into startup); remove it and set hicache.host_budget_gb, "
                      "from which the planner derives --hicache-ratio")
             continue
-        if key in budgets.NUMA_FLAGS or key in budgets.UNCOUNTED_HOST_MEMORY:
+        if key in budgets.NUMA_FLAGS or key in budgets.UNCOUNTED_HOST_MEMORY or key == "hicache-size":
             continue  # refused above (budgets.host_memory_flag_problems)
         p.extend(_extra_arg_problems(parser, where, key, value, owned, refused, "SGLang 0.5.23",
                                      dep.model["path"]))
