@@ -699,11 +699,13 @@ def test_ib_device_present_on_the_host_is_rendered(inv: Path, tmp_path: Path):
     assert fl[fl.index("--disaggregation-ib-device") + 1] == "mlx5_0,mlx5_1"
 
 
-def test_every_flag_the_planner_renders_is_owned_by_meaning(inv: Path):
+def test_every_flag_the_planner_renders_is_owned_by_meaning(inv: Path, tmp_path: Path):
     # no extra_args, and every optional flag the planner can render: prefill, HiCache, IB device, trust-remote-code
     _edit(inv, SERVERS, servers(lambda s: [(x["transfer"].update(ib_device="mlx5_0"), x.update(extra_args={}))
                                            for x in s]))
-    p = plan(inv)
+    dep = inventory.load(inv)  # an IB device is checked against the host's facts: they list it
+    p = pipeline.make_plan(dep, pipeline.load_facts(_facts(tmp_path, lambda f: f.update(infiniband=["mlx5_0"])),
+                                                    list(dep.hosts)))
     owned = set(preflight._dests(flags.sglang_parser(), preflight.OWNED_FLAGS))
     for s in p.servers:
         assert set(flags.dests_set(flags.sglang_parser(), s.flags)) - owned == set(), s.name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import posixpath
 from typing import Any
 
 from pdstack.controller.check.tables import _REMOTE_PORT_WORDS, SECRET_WORDS
@@ -27,6 +28,11 @@ def owned_env() -> dict[str, str]:
     """Environment variables the planner sets, and where each comes from."""
     env = {"NVIDIA_VISIBLE_DEVICES": "the server's gpus", "CUDA_VISIBLE_DEVICES": "the server's gpus",
            "PATH": "the image (its PATH finds python3 and the launcher)",
+           "LD_LIBRARY_PATH": "the image (its CUDA, NCCL and transfer-engine libraries)",
+           "LD_PRELOAD": "the image (nothing is preloaded into the server)",
+           "PYTHONPATH": "the image (its python3 finds SGLang and pdstack's patches)",
+           "PYTHONHOME": "the image (its python3 installation)",
+           "CUDA_HOME": "the image (the CUDA toolkit SGLang's JIT kernels build with)",
            BF16_INDEX_K_ENV: "pdstack_model.index_k_dtype (the same on prefill and decode)",
            SM120_INDEXER_ENV: "pdstack_model.gpu_arch"}
     env.update({name: f"pdstack_pd.{key}" for key, name in PD_ENV.items()})
@@ -85,14 +91,9 @@ def _extra_arg_problems(parser, where: str, key: str, value: Any, owned: dict, r
         out.append(f"{path}: --{key} is a secret, and extra_args land in the unit, /etc/pdstack/plan.json "
                    "(world-readable) and the journal; pdstack has no secret store for it: remove it")
     path_valued = any(w in a.dest for w in ("path", "file", "template", "config", "dir"))
-    if path_valued and isinstance(value, str) and value.startswith("/"):
-        mount = model_path if what.startswith("SGLang") else None
-        if mount is None:
-            out.append(f"{path}: {value} is a host path, but the router's container mounts no host directory; "
-                       f"remove --{key}")
-        elif value != mount and not value.startswith(mount.rstrip("/") + "/"):
-            out.append(f"{path}: {value} is outside pdstack_model.path {mount}, the only host directory the "
-                       f"server's container mounts (read-only); put the file under {mount} and point --{key} there")
+    if path_valued and isinstance(value, str):
+        out.extend(_path_problems(path, key, value, model_path if what.startswith("SGLang") else None,
+                                  at_file="config" in a.dest))
     for word in flags.render_value(value, a):
         if msg := rules.unit_value_problem(word):
             out.append(f"{path}: {msg}; change the value"
@@ -101,12 +102,38 @@ def _extra_arg_problems(parser, where: str, key: str, value: Any, owned: dict, r
     return out
 
 
+def _path_problems(path: str, key: str, value: str, mount: str | None, at_file: bool) -> list[str]:
+    """A path-valued flag names a file inside the one host directory the container mounts (pdstack_model.path),
+    checked by normalised containment: `<model>/../../etc/x.jinja` is outside, whatever its prefix. `at_file`: the
+    flag also takes '@FILE' (SGLang's config flags read the file after the '@')."""
+    v = value[1:] if at_file and value.startswith("@") else value
+    if not v.startswith("/"):
+        if ".." in v.split("/"):
+            return [f"{path}: {value} climbs out of the container's working directory with '..' (which mounts "
+                    "nothing); give an absolute path under pdstack_model.path" + (f" {mount}" if mount else "")]
+        return []  # a name (a built-in chat template, a Hugging Face id), not a path
+    if mount is None:
+        return [f"{path}: {v} is a host path, but the router's container mounts no host directory; remove --{key}"]
+    if not rules.path_within(v, mount):
+        norm = posixpath.normpath(v)
+        shown = v if norm == v else f"{v} (that is {norm})"
+        return [f"{path}: {shown} is outside pdstack_model.path {mount}, the only host directory the server's "
+                f"container mounts (read-only); put the file under {mount} and point --{key} there"]
+    return []
+
+
 def _listener_ports(parser, extra: dict) -> list[tuple[int, str, str]]:
     """(port, key, dest) of every extra flag that makes the server listen on a port."""
     out = []
     for key, value in extra.items():
         a = flags.action_for(parser, f"--{key}")
-        if (a is not None and a.dest.endswith("_port") and not any(w in a.dest for w in _REMOTE_PORT_WORDS)
-                and isinstance(value, int) and not isinstance(value, bool)):
+        if a is None or not a.dest.endswith("_port") or any(w in a.dest for w in _REMOTE_PORT_WORDS):
+            continue
+        if isinstance(value, str) and a.type is int:  # "30001" is the port 30001 to SGLang
+            try:
+                value = int(value.strip())
+            except ValueError:
+                continue  # the parser check names it
+        if isinstance(value, int) and not isinstance(value, bool):
             out.append((value, key, a.dest))
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 from pdstack.controller.check.extra_args import _listener_ports
@@ -115,6 +116,7 @@ def _port_problems(dep: Deployment, p: list[str]) -> None:
 
 
 def _address_problems(dep: Deployment, p: list[str], deploy: bool) -> None:
+    """Each host's address is one the other hosts reach it at (production's stricter rules: check/production.py)."""
     multi = len(dep.hosts) > 1
     seen: dict[str, str] = {}
     for name, h in dep.hosts.items():
@@ -124,34 +126,17 @@ def _address_problems(dep: Deployment, p: list[str], deploy: bool) -> None:
         if err:
             p.append(f"{var}: {err}")
             continue
-        if a.ip is not None and a.ip.is_unspecified:
+        if rules.is_unspecified(a):
             p.append(f"{var}: {h.address} is the unspecified address (a listen address, not one to reach a host "
                      "at); give the host's real address")
-        elif multi and rules.is_local(a):
+        elif multi and rules.is_loopback(a):
             p.append(f"{var}: {h.address} is a loopback address, but the deployment spans {len(dep.hosts)} hosts "
                      "and the others reach this one at it (router -> servers, Prometheus -> exporters, prefill <-> "
                      "decode); give the address the other hosts reach it at")
-        elif dep.environment == "production" and rules.is_local(a):
-            p.append(f"{var}: {h.address} is a loopback address; in production the controller runs the smoke gate "
-                     "against the router at it (and operators reach Grafana and the router there): give the "
-                     "address the controller and the other hosts reach the host at")
         elif a.ip is not None and (a.ip.is_multicast or a.ip.is_reserved and a.ip.version == 4):
             p.append(f"{var}: {h.address} is a multicast or reserved address; give the host's real address")
-        net = rules.doc_net(a)
-        if net and dep.environment == "production":
-            msg = (f"{var}: {h.address} is in the documentation range {net} (addresses for examples, like the "
-                   "production example's placeholder, never a real host); put the host's real address there")
-            if deploy:
-                p.append(msg)
-            else:
-                dep.warnings.append(msg + " before deploying (preflight refuses it)")
-        if h.ansible_host and h.ansible_host != h.address and dep.environment == "production":
-            conn, _ = rules.parse_address(h.ansible_host)
-            if conn is not None and (net := rules.doc_net(conn)):
-                msg = (f"ansible_host of host {name} (hosts.yml): {h.ansible_host} is in the documentation range "
-                       f"{net}, so Ansible cannot reach the host; put its real address there")
-                (p.append if deploy else dep.warnings.append)(msg)
-        key = h.address.lower().rstrip(".")
+        key = str(a.ip.ipv4_mapped or a.ip) if isinstance(a.ip, ipaddress.IPv6Address) else \
+            str(a.ip) if a.ip is not None else h.address.lower().rstrip(".")
         if key in seen:
             p.append(f"{var}: {h.address} is also the address of host {seen[key]}; two inventory hosts cannot be "
                      "one machine (their ports and units would collide): list it once")

@@ -1,8 +1,9 @@
 """Preflight: every check that can reject an inventory before any host is touched.
 
 Two stages, both pure functions over the typed Deployment:
-  static_problems(dep)            needs nothing but the inventory (typos, TP vs GPUs, ports, flags, admission)
-  topology_problems(dep, facts)   needs each host's facts (GPU count, NUMA nodes, memory)
+  static_problems(dep)            needs nothing but the inventory (typos, TP vs GPUs, ports, flags, admission,
+                                  the production profile)
+  topology_problems(dep, facts)   needs each host's facts (GPU count, NUMA nodes, memory budgets, RDMA devices)
 Each problem names the variable and says how to fix it. The preflight role and `pdstack plan` call both.
 
 The `pdstack preflight` subcommand (pdstack.controller.pipeline):
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from pdstack.controller.check.extra_args import _dests, owned_env  # noqa: F401 (re-exported)
 from pdstack.controller.check.network import _address_problems, _port_problems, listeners, scraped_port  # noqa: F401
+from pdstack.controller.check.production import production_facts_problems, production_problems
 from pdstack.controller.check.router import _rollout_problems, _router_problems, _smoke_problems
 from pdstack.controller.check.servers import _deployment_problems, _pd_agreement_problems, _server_problems
 from pdstack.controller.check.tables import *  # noqa: F401,F403 (the tables, re-exported for callers and tests)
@@ -24,8 +26,8 @@ from pdstack.controller.check.topology import (  # noqa: F401
     facts_problem,
     gpu_numa_node,
     resolve_node,
-    topology_problems,
 )
+from pdstack.controller.check.topology import topology_problems as _host_topology_problems
 from pdstack.controller.load.inventory import Deployment
 
 
@@ -43,4 +45,11 @@ def static_problems(dep: Deployment, deploy: bool = True) -> list[str]:
     _port_problems(dep, p)
     _address_problems(dep, p, deploy)
     _smoke_problems(dep, p)
+    p.extend(production_problems(dep, deploy))
     return p
+
+
+def topology_problems(dep: Deployment, facts: dict[str, dict]) -> list[str]:
+    """Every check against the hosts' facts: each host's own (topology.py, budgets.py), then production's
+    cross-host rules (production.py)."""
+    return _host_topology_problems(dep, facts) + production_facts_problems(dep, facts)

@@ -6,6 +6,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from pdstack.controller.check import budgets
 from pdstack.controller.check.extra_args import _dests, _extra_arg_problems, owned_env
 from pdstack.controller.check.tables import (
     DSV4_MAX_CONTEXT,
@@ -19,6 +20,14 @@ from pdstack.controller.check.tables import (
 )
 from pdstack.controller.load import flags, rules
 from pdstack.controller.load.inventory import Deployment
+
+# Bounds on a server's env. execve(2) fails with E2BIG when argv + envp exceed ARG_MAX (`getconf ARG_MAX`: 2097152
+# on Linux with the default 8 MiB stack, a quarter of RLIMIT_STACK) or one string exceeds MAX_ARG_STRLEN (32 pages,
+# 131072 bytes: include/uapi/linux/binfmts.h). The image's own variables and the launch argv share that space, so
+# pdstack allows a small, documented part of it: 1000 variables, 64 KiB in all (an env of settings, not data),
+# which also keeps every one string well under MAX_ARG_STRLEN.
+ENV_MAX_VARS = 1000
+ENV_MAX_BYTES = 64 * 1024
 
 
 def _image_pull_problems(img: dict[str, Any], p: list[str]) -> None:
@@ -58,8 +67,6 @@ def _image_pull_problems(img: dict[str, Any], p: list[str]) -> None:
 
 
 def _deployment_problems(dep: Deployment, servers, p: list[str]) -> None:
-    if dep.environment == "production" and dep.image["engine"] == "sim":
-        p.append("pdstack_image.engine: 'sim' is the TEST ENGINE and never runs in production; set engine: sglang")
     img = dep.image
     if (img["ref"] is None) == (img["manifest"] is None):
         p.append("pdstack_image: set exactly one of ref (an image reference) or manifest (build/manifest-<flavor>.json "
@@ -69,6 +76,10 @@ def _deployment_problems(dep: Deployment, servers, p: list[str]) -> None:
     _image_pull_problems(img, p)
     if msg := rules.unit_value_problem(dep.model["served_name"]):
         p.append(f"pdstack_model.served_name: {msg}; use a name like deepseek-v4-flash")
+    elif dep.model["served_name"].startswith("-"):
+        p.append(f"pdstack_model.served_name: {dep.model['served_name']!r} starts with '-', so SGLang's parser "
+                 "reads it as a flag (--served-model-name takes the next word) and the router's clients would ask "
+                 "for a name no server has; use a name that starts with a letter or digit, like deepseek-v4-flash")
     if dep.model["family"] == "deepseek_v4" and dep.model["context_length"] > DSV4_MAX_CONTEXT:
         p.append(f"pdstack_model.context_length: {dep.model['context_length']} is beyond DeepSeek V4's "
                  f"{DSV4_MAX_CONTEXT}-token context; SGLang refuses to start with a context longer than the model's "
@@ -119,7 +130,11 @@ def _server_problems(dep: Deployment, host: str, i: int, s: dict, p: list[str]) 
             if hc[k] is None:
                 p.append(f"{where}.hicache.{k}: required when hicache.enabled is true (the planner computes "
                          "--hicache-ratio = host_budget_gb / device_kv_pool_gb)")
-        if hc["host_budget_gb"] and hc["device_kv_pool_gb"]:
+        for k in ("host_budget_gb", "device_kv_pool_gb"):
+            if hc[k] is not None and budgets.finite_number(hc[k]) is None:
+                p.append(f"{where}.hicache.{k}: {hc[k]!r} is not a finite number of GiB; write a plain number, "
+                         "e.g. 150")
+        if budgets.finite_number(hc["host_budget_gb"]) and budgets.finite_number(hc["device_kv_pool_gb"]):
             budget, pool = float(hc["host_budget_gb"]), float(hc["device_kv_pool_gb"])
             ratio = math.floor(budget / pool * 1000) / 1000
             arith = (f"--hicache-ratio = host_budget_gb / device_kv_pool_gb = {budget:g} / {pool:g} = "
@@ -151,6 +166,7 @@ def _server_problems(dep: Deployment, host: str, i: int, s: dict, p: list[str]) 
                _dests(parser, GPU_SET_FLAGS).items()}
     extra = s["extra_args"]
     problems_before = len(p)
+    budgets.host_memory_flag_problems(where, extra, family, p)
     by_dest: dict[str, list[str]] = defaultdict(list)
     for key in extra:
         a = flags.action_for(parser, f"--{key}")
@@ -161,16 +177,23 @@ def _server_problems(dep: Deployment, host: str, i: int, s: dict, p: list[str]) 
             p.append(f"{where}.extra_args: {', '.join(keys)} all set {dest} (they are one SGLang setting, the last "
                      f"one would win); keep one of them")
     for key, value in extra.items():
-        if key in VALUE_LIMITS and isinstance(value, int | float) and not isinstance(value, bool):
+        a = flags.action_for(parser, f"--{key}")
+        v = budgets.sink_value(value, a.type if a is not None else None)  # the number SGLang will get
+        if key in VALUE_LIMITS and isinstance(v, int | float) and not isinstance(v, bool):
             ok, rule = VALUE_LIMITS[key]
-            if not ok(value):
-                p.append(f"{where}.extra_args.{key}: {value} is out of range: {rule} (SGLang 0.5.23 refuses it at "
+            if budgets.finite_number(v) is None:
+                p.append(f"{where}.extra_args.{key}: {value!r} is not a finite number ({rule}); write a plain "
+                         "number")
+            elif not ok(v):
+                p.append(f"{where}.extra_args.{key}: {value!r} is out of range: {rule} (SGLang 0.5.23 refuses it at "
                          "startup, after loading for minutes)")
         if key == "hicache-size" and family == "deepseek_v4":
             p.append(f"{where}.extra_args.hicache-size: DeepSeek V4 rejects --hicache-size (ValueError when the "
                      "memory pool is built, minutes into startup); remove it and set hicache.host_budget_gb, "
                      "from which the planner derives --hicache-ratio")
             continue
+        if key in budgets.NUMA_FLAGS or key in budgets.UNCOUNTED_HOST_MEMORY or key == "hicache-size":
+            continue  # refused above (budgets.host_memory_flag_problems)
         p.extend(_extra_arg_problems(parser, where, key, value, owned, refused, "SGLang 0.5.23",
                                      dep.model["path"]))
     if "max-queued-requests" in extra and dep.router["admission"]["max_concurrent_requests"] < 0:
@@ -185,15 +208,31 @@ def _server_problems(dep: Deployment, host: str, i: int, s: dict, p: list[str]) 
         if err:
             p.append(f"{where}.extra_args: SGLang 0.5.23 rejects it: {err}; spell the flag exactly as "
                      "`python -m sglang.launch_server --help` does (no abbreviations) and give it a value it takes")
-    # environment
+    _env_problems(where, s["env"], p)
+
+
+def _env_problems(where: str, env: dict[str, Any], p: list[str]) -> None:
+    """A server's env: names the env file carries, not the planner's or the image's, within the kernel's limits."""
     env_owned = owned_env()
-    for k, v in s["env"].items():
+    size = sum(len(f"{k}={v}".encode()) + 1 for k, v in env.items())  # KEY=VALUE\0 in bytes, as execve counts
+    if len(env) > ENV_MAX_VARS or size > ENV_MAX_BYTES:
+        p.append(f"{where}.env: {len(env)} variables, {size} bytes; at most {ENV_MAX_VARS} variables and "
+                 f"{ENV_MAX_BYTES // 1024} KiB in all (the process's environment and argv share the kernel's "
+                 "ARG_MAX, 2 MiB with the usual 8 MiB stack, with the image's own variables and the launch argv): "
+                 "keep env to the settings you mean, put bulk configuration in a file under pdstack_model.path")
+        return
+    for k, v in env.items():
         path = f"{where}.env.{k}"
         if not rules.ENV_NAME_RE.fullmatch(k):
             p.append(f"{path}: {k!r} is not an environment variable name (letters, digits and '_', not starting "
                      "with a digit)")
+        elif k in budgets.NUMA_ENV:
+            p.append(f"{path}: {k} switches SGLang's own NUMA/CPU binding, but the plan binds the server itself "
+                     f"(docker --cpuset-cpus/--cpuset-mems); remove env.{k} (numa_node with numa_override: true "
+                     "pins another node)")
         elif k in env_owned and env_owned[k].startswith("the image"):
-            p.append(f"{path}: {k} comes from {env_owned[k]}; remove env.{k}")
+            p.append(f"{path}: {k} comes from {env_owned[k]}; an override replaces the image's value, not adds "
+                     f"to it: remove env.{k}")
         elif k in env_owned:
             p.append(f"{path}: the planner sets {k} itself from {env_owned[k]}; set that instead and remove env.{k}")
         elif isinstance(v, bool):

@@ -1,10 +1,11 @@
-"""Checks against each host's facts: GPU count, NUMA nodes, InfiniBand devices, the model's config, HiCache budgets."""
+"""Checks against each host's facts: GPU count, NUMA nodes, InfiniBand devices, the model's config, host memory
+budgets (budgets.py)."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
+from pdstack.controller.check import budgets
 from pdstack.controller.check.tables import GPU_ARCHS, _where
 from pdstack.controller.load.inventory import Deployment
 
@@ -70,24 +71,14 @@ def topology_problems(dep: Deployment, facts: dict[str, dict]) -> list[str]:
             _ib_problems(h.name, where, s, f, p)
         _model_problems(dep, h, f, p)
         _gpu_arch_problems(dep, h, f, p)
-        # HiCache budgets per NUMA node (membind caps each server's host memory to its node). A server whose GPUs
-        # straddle nodes without an override has no node yet (refused above): it is left out, so the budget
+        # Host memory budgets per NUMA node (membind caps each server's host memory to its node). A server whose
+        # GPUs straddle nodes without an override has no node yet (refused above): it is left out, so the budget
         # message does not blame a node it was never going to use.
-        per_node: dict[int, list[tuple[str, float]]] = defaultdict(list)
-        for s in h.servers:
+        def node_of(s: dict, f: dict = f) -> int | None:
             if len(gpu_numa_node(f, s["gpus"])) > 1 and not (s["numa_override"] and s["numa_node"] is not None):
-                continue
-            node = resolve_node(s, f)
-            if s["hicache"]["enabled"] and s["hicache"]["host_budget_gb"] and node in nodes:
-                per_node[node].append((s["name"], float(s["hicache"]["host_budget_gb"])))
-        for node, wants in per_node.items():
-            avail = nodes[node]["mem_total_mb"] / 1024 - h.numa_reserve_gb
-            total = sum(w for _, w in wants)
-            if total > avail:
-                names = ", ".join(f"{n} {w:g} GiB" for n, w in wants)
-                p.append(f"host_vars/{h.name} hicache.host_budget_gb: {names} = {total:g} GiB on NUMA node {node}, "
-                         f"which has {nodes[node]['mem_total_mb'] / 1024:.1f} GiB minus pdstack_numa_reserve_gb "
-                         f"{h.numa_reserve_gb:g} = {avail:.1f} GiB; lower host_budget_gb")
+                return None
+            return resolve_node(s, f)
+        budgets.budget_problems(dep, h, f, nodes, node_of, p)
     return p
 
 
@@ -115,9 +106,15 @@ def facts_problem(f: Any) -> str | None:
 
 def _ib_problems(host: str, where: str, s: dict, f: dict, p: list[str]) -> None:
     dev = s["transfer"]["ib_device"]
-    have = f.get("infiniband")
-    if dev is None or not isinstance(have, list):  # facts of an older script: nothing to compare with
+    if dev is None:
         return
+    if "infiniband" not in f:
+        p.append(f"{where}.transfer.ib_device: {dev} is set, but host {host}'s facts list no InfiniBand devices at "
+                 "all (no 'infiniband' entry: facts of an older facts script or written by hand), so the device "
+                 f"cannot be checked; record the facts again with `pdstack facts` on {host} (the facts phase), or "
+                 "unset ib_device to let the backend pick")
+        return
+    have = f["infiniband"]
     missing = [n for n in dev.split(",") if n not in have]
     if missing:
         p.append(f"{where}.transfer.ib_device: {', '.join(missing)} not on host {host} (/sys/class/infiniband has "

@@ -8,6 +8,7 @@ in the schema.
 from __future__ import annotations
 
 import ipaddress
+import posixpath
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -52,18 +53,32 @@ IB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 IMAGE_REF_RE = re.compile(
     r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]+)?/)?"
     r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@(?P<digest>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:"
+    r"[0-9a-fA-F]{32,}))?")
+# The one digest Docker pulls by: sha256 and 64 lower-case hex digits (the OCI image spec's sha256 encoding;
+# `docker pull name@sha256:<40 hex>` fails with "invalid reference format").
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def image_ref_problem(v: str) -> str | None:
-    if not IMAGE_REF_RE.fullmatch(v):
+    m = IMAGE_REF_RE.fullmatch(v)
+    if not m:
         return (f"{v!r} is not a container image reference ([registry/]name[:tag][@sha256:digest], lower-case "
                 "name, no spaces); e.g. pdstack/sglang:0123456789abcdef")
+    if m.group("digest") is not None and (msg := digest_problem(m.group("digest"))):
+        return f"{v!r} pins a digest Docker cannot pull by: {msg}"
+    if "/" in v and (port := _registry_port(v.partition("/")[0])) is not None and not 1 <= port <= 65535:
+        return f"{v!r} names registry port {port}, which is not a TCP port (1-65535)"
     return None
 
 
 REGISTRY_RE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?")
-DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def _registry_port(first: str) -> int | None:
+    """The port of a reference's first component when it has one (HOST:PORT), else None."""
+    _host, sep, port = first.partition(":")
+    return int(port) if sep and port.isdigit() else None
 
 
 def registry_problem(v: str) -> str | None:
@@ -71,7 +86,10 @@ def registry_problem(v: str) -> str | None:
     if not REGISTRY_RE.fullmatch(v):
         return (f"{v!r} is not a registry address: give HOST[:PORT] as the hosts reach it, no scheme, path or "
                 "spaces (e.g. registry.example.com:5000)")
-    host = v.partition(":")[0]
+    host, sep, port = v.partition(":")
+    if sep and (port.startswith("0") or not 1 <= int(port) <= 65535):
+        return (f"{v!r}: port {port} is not a TCP port (1-65535, no leading zero); give the port the registry "
+                f"listens on, e.g. {host}:5000")
     if ":" not in v and "." not in host and host != "localhost":
         # distribution/reference: a first component without '.' or ':' (and not localhost) is a Docker Hub namespace
         return (f"{v!r} would be read by Docker as a Docker Hub namespace, not a registry: add the port "
@@ -160,8 +178,16 @@ def host_path_problem(v: str) -> str | None:
 
 
 def _norm(v: str) -> str:
-    import posixpath
     return posixpath.normpath(v)
+
+
+def path_within(path: str, root: str) -> bool:
+    """`path` names `root` or a file below it once normalised ('..' and '//' resolved the way the kernel does for
+    a path without symlinks): `<root>/../../etc/x` is outside, whatever its prefix says."""
+    p, r = posixpath.normpath(path), posixpath.normpath(root)
+    if p.startswith("//"):  # POSIX keeps a leading '//' as implementation-defined; Linux reads it as '/'
+        p = "/" + p.lstrip("/")
+    return p == r or p.startswith(r.rstrip("/") + "/")
 
 
 # ---------------------------------------------------------------------------------------------- addresses
@@ -199,11 +225,29 @@ def parse_address(v: str) -> tuple[Address | None, str | None]:
     return Address(v, None), None
 
 
-def is_local(a: Address) -> bool:
+def _plain_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An IPv4-mapped IPv6 address (::ffff:127.0.0.1) as the IPv4 address it is: the kernel routes it there, but
+    Python 3.11's ipaddress calls ::ffff:127.0.0.1 neither loopback nor ::ffff:0.0.0.0 unspecified."""
+    return ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None else ip
+
+
+def is_loopback(a: Address) -> bool:
+    """The one loopback rule: 127.0.0.0/8, ::1, either IPv4-mapped (::ffff:127.x.y.z), and the names that RFC 6761
+    reserves for it (localhost, *.localhost; localhost.localdomain as distributions alias it)."""
     if a.ip is not None:
-        return a.ip.is_loopback or a.ip.is_unspecified
-    return a.text.lower().rstrip(".") in ("localhost", "localhost.localdomain") or a.text.lower().endswith(
-        ".localhost")
+        return _plain_ip(a.ip).is_loopback
+    name = a.text.lower().rstrip(".")
+    return name in ("localhost", "localhost.localdomain") or name.endswith(".localhost")
+
+
+def is_unspecified(a: Address) -> bool:
+    """0.0.0.0, :: or ::ffff:0.0.0.0: a listen address, never one a host is reached at."""
+    return a.ip is not None and _plain_ip(a.ip).is_unspecified
+
+
+def is_local(a: Address) -> bool:
+    """Loopback or unspecified: an address that names no other host."""
+    return is_loopback(a) or is_unspecified(a)
 
 
 def doc_net(a: Address) -> str | None:
