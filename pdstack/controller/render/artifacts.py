@@ -1,0 +1,202 @@
+"""Every artifact the roles render from the plan, rendered here in memory and read back before any host changes.
+
+- each argv through SGLang's / the router's own parser: no worker, host or port other than the plan's choice;
+- each unit's ExecStart= as the roles' templates write it (`argv | map('quote') | join(' ') | replace('%', '%%')`,
+  roles/serving and roles/router) split back by systemd's rules (encoders.systemd_split) to the same argv, and
+  every word the template writes unquoted (container, cpuset, image, the model volume) one plain word;
+- each server's env file (roles/serving server.env.j2: KEY=VALUE lines, dictsort) parsed back as docker's
+  --env-file reader does, to the same keys and values;
+- haproxy.cfg (render/frontdoor_check.py) and each host's nft script (render/firewall.py) through their encoders.
+Each problem names the variable the value came from and how to fix it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import shlex
+from typing import Any
+
+from pdstack.controller.check import tables
+from pdstack.controller.load import flags
+from pdstack.controller.load.inventory import Deployment
+from pdstack.controller.plan.planner import ROUTER_LAUNCHER, SGLANG_LAUNCHER, SIM_LAUNCHER, Plan
+from pdstack.controller.render import encoders, firewall, frontdoor_check
+
+
+def template_exec_line(argv: list[str]) -> str:
+    """What the unit templates write for `argv` (Ansible's `quote` filter is shlex.quote)."""
+    return " ".join(shlex.quote(w) for w in argv).replace("%", "%%")
+
+
+def _source(words: list[str], i: int, extra: dict[str, Any], owned: dict[str, str]) -> str:
+    """The variable word `i` of a flag list comes from: the flag it follows, as an extra_args key or the variable
+    the planner renders it from."""
+    flag = next((w for w in reversed(words[:i + 1]) if w.startswith("--")), None)
+    key = flag[2:].split("=", 1)[0] if flag else ""
+    if not key:
+        return "the launcher"
+    return f"extra_args.{key}" if key in extra else owned.get(key, f"--{key}")
+
+
+def _exec_problems(what: str, argv: list[str], launcher_len: int, extra: dict[str, Any],
+                   owned: dict[str, str]) -> list[str]:
+    out = []
+    words = argv[launcher_len:]
+    try:
+        encoders.systemd_exec(argv)
+    except encoders.EncodeError as e:
+        bad = next((i for i, w in enumerate(words) if not _encodes(w)), 0)
+        out.append(f"{what}: {_source(words, bad, extra, owned)}: {e}; change the value")
+        return out
+    try:
+        back = encoders.systemd_split(template_exec_line(argv))
+    except ValueError as e:
+        back = [f"<unreadable: {e}>"]
+    if back != argv:
+        bad = next((i for i, (a, b) in enumerate(zip(back[launcher_len:], words, strict=False)) if a != b),
+                   min(len(words), max(len(back) - launcher_len, 0)) - 1)
+        word = words[bad] if 0 <= bad < len(words) else "?"
+        out.append(f"{what}: {_source(words, max(bad, 0), extra, owned)}: the unit's ExecStart= does not read back "
+                   f"as the argv ({word!r} holds a character the unit template's quoting does not carry for "
+                   "systemd: ' \\ $ or a control character); change the value")
+    return out
+
+
+def _encodes(word: str) -> bool:
+    try:
+        encoders.systemd_word(word)
+    except encoders.EncodeError:
+        return False
+    return True
+
+
+def _plain(what: str, var: str, word: str) -> list[str]:
+    """A word a template writes unquoted: it must be one plain word (no quoting needed)."""
+    try:
+        ok = encoders.systemd_word(word) == word and not word.startswith("-")
+    except encoders.EncodeError:
+        ok = False
+    return [] if ok else [f"{what}: {var} {word!r} is written into the unit unquoted and must be one plain word "
+                          "(letters, digits and _./:,+=@-); change it"]
+
+
+def server_settings_problems(plan: Plan) -> list[str]:
+    """Each server's argv, read by SGLang's parser, listens where the plan says and is the role it says."""
+    out = []
+    for s in plan.servers:
+        try:
+            ns = vars(flags.sglang_parser().parse_args(s.flags))
+        except flags.Rejected as e:
+            out.append(f"server {s.name}: SGLang's parser refuses the rendered argv: {e}")
+            continue
+        want = {"host": "0.0.0.0", "port": s.ports["http"], "disaggregation_mode": s.role}
+        if s.role == "prefill":
+            want["disaggregation_bootstrap_port"] = s.ports["bootstrap"]
+        for dest, v in want.items():
+            if ns.get(dest) != v:
+                out.append(f"server {s.name}: the argv reads back {dest} = {ns.get(dest)!r}, not the plan's {v!r}: "
+                           "a value in extra_args reads as a flag; write each flag as its own extra_args key")
+    return out
+
+
+def router_settings_problems(plan: Plan) -> list[str]:
+    """The router's argv, read by sglang-router's parser, names exactly the plan's workers, host and ports."""
+    r = plan.router
+    try:
+        ns = vars(flags.router_parser().parse_args(r.flags))
+    except flags.Rejected as e:
+        return [f"pdstack_router: the router's parser refuses the rendered argv: {e}"]
+    got_p = [tuple(map(str, x)) for x in ns.get("prefill") or []]
+    got_d = [tuple(map(str, x)) for x in ns.get("decode") or []]
+    want_p = [(w["url"], str(w["bootstrap_port"])) for w in r.prefill]
+    want_d = [(w["url"],) for w in r.decode]
+    out = []
+    for what, got, want in (("prefill", got_p, want_p), ("decode", got_d, want_d)):
+        if sorted(got) != sorted(want):
+            extra = sorted(set(got) - set(want))
+            out.append(f"pdstack_router: the router's argv reads back {what} workers {got}, not the plan's {want}"
+                       + (f" ({extra} outside the inventory: a value in pdstack_router.extra_args reads as a flag)"
+                          if extra else ""))
+    for dest, v in (("host", "127.0.0.1"), ("port", r.internal_port), ("prometheus_port", r.prometheus_port),
+                    ("worker_urls", [])):
+        if ns.get(dest) != v:
+            out.append(f"pdstack_router: the router's argv reads back {dest} = {ns.get(dest)!r}, not the plan's "
+                       f"{v!r}: a value in pdstack_router.extra_args reads as a flag")
+    return out
+
+
+def unit_problems(plan: Plan, dep: Deployment) -> list[str]:
+    out = []
+    launcher_len = len(SIM_LAUNCHER if plan.engine == "sim" else SGLANG_LAUNCHER)
+    specs = {s["name"]: (h.name, s) for h, s in dep.servers()}
+    for s in plan.servers:
+        host, spec = specs[s.name]
+        what = f"host_vars/{host} server {s.name}"
+        out += _exec_problems(what, s.argv, launcher_len, spec["extra_args"], tables.OWNED_FLAGS)
+        for var, word in (("container", s.container), ("cpuset", s.cpuset_cpus), ("cpuset mems", s.cpuset_mems)):
+            out += _plain(what, var, word)
+        out += env_problems(what, s.env, spec.get("env") or {})
+    r = plan.router
+    out += _exec_problems("pdstack_router", r.argv, len(ROUTER_LAUNCHER), dep.router["extra_args"],
+                          tables.OWNED_ROUTER_FLAGS)
+    if plan.image:
+        out += _plain("pdstack_image", "the image reference", plan.image)
+    path = str(plan.model.get("path", ""))
+    try:
+        spec = encoders.docker_volume(path, path)[1]
+        out += _plain("pdstack_model.path", "the model volume", spec)
+    except encoders.EncodeError as e:
+        out.append(f"pdstack_model.path: {e}; the server's container mounts it with --volume PATH:PATH:ro")
+    return out
+
+
+def env_problems(what: str, env: dict[str, str], inventory_env: dict[str, Any]) -> list[str]:
+    """The env file as roles/serving writes it, read back as docker does."""
+    out = []
+    for k, v in env.items():
+        try:
+            encoders.env_line(k, v)
+        except encoders.EncodeError as e:
+            var = f"env.{k}" if k in inventory_env else f"{k} (the planner's)"
+            out.append(f"{what}: {var}: {e}; change the value")
+    if out:
+        return out
+    text = "".join(f"{k}={v}\n" for k, v in sorted(env.items()))  # server.env.j2: dictsort
+    back = encoders.parse_env_file(text)
+    if back != env:
+        diff = sorted(k for k in set(back) | set(env) if back.get(k) != env.get(k))
+        out.append(f"{what}: env {diff} do not read back from the env file as set; change them")
+    return out
+
+
+def nft_problems(plan: Plan) -> list[str]:
+    """Each host's nft script through the nft encoders, and its port list read back equal to the plan's."""
+    data = plan.to_dict()
+    literal = []
+    for a in {s.address for s in plan.servers} | {plan.router.address}:
+        try:
+            literal.append(str(ipaddress.ip_address(a)))
+        except ValueError:
+            pass  # a name: the firewall role resolves it on the host
+    out = []
+    for host in firewall.peer_hosts(data):
+        try:
+            text = firewall.nft_ruleset(data, host, sorted(literal), [])
+        except encoders.EncodeError as e:
+            out.append(f"host {host}: the nft script cannot carry a value: {e}")
+            continue
+        want = set(firewall.protected_ports(data, host))
+        got = {int(p) for m in re.finditer(r"tcp dport \{ ([0-9, ]+) \}", text) for p in m.group(1).split(",")}
+        if want and got != want:
+            out.append(f"host {host}: the nft script protects ports {sorted(got)}, not the plan's {sorted(want)}")
+    return out
+
+
+def artifact_problems(plan: Plan, dep: Deployment) -> list[str]:
+    """Every artifact read back (make_plan runs this after readback.plan_problems)."""
+    fd = plan.router.frontdoor
+    out = frontdoor_check.frontdoor_problems(fd, plan.router.address, dep.environment == "production")
+    out += server_settings_problems(plan) + router_settings_problems(plan)
+    out += unit_problems(plan, dep) + nft_problems(plan)
+    return out
