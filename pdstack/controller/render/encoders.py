@@ -274,6 +274,20 @@ def haproxy_word(value: Any) -> str:
     return '"' + w.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
 
 
+def haproxy_address(address: Any, port: Any) -> str:
+    """ADDRESS:PORT of a `bind` or `server` line: a literal IP (a name is resolved by HAProxy at start, on the host;
+    any other text could be a second word or directive) and a TCP port. IPv6 is written as HAProxy reads it
+    (`::1:8000`, the last colon separates the port)."""
+    a = _no_control(_text(address, "a haproxy.cfg address"), "a haproxy.cfg line")
+    try:
+        ip = ipaddress.ip_address(a)
+    except ValueError:
+        raise EncodeError(f"{a!r} is not a literal IP address (haproxy.cfg takes ADDRESS:PORT here)") from None
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise EncodeError(f"port {port!r} is not a TCP port (an integer 1-65535)")
+    return f"{ip}:{port}"
+
+
 class Directive(NamedTuple):
     """One haproxy.cfg line: `section` is its section's header words (e.g. ('frontend', 'pdstack')), `keyword`
     the first word, `args` the rest."""

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pdstack.controller.plan.planner import MAINTENANCE_FILE, RUNTIME_SOCKET  # noqa: F401 (the plan's)
-from pdstack.controller.render.encoders import Directive, haproxy_text, json_text
+from pdstack.controller.render.encoders import Directive, haproxy_address, haproxy_text, json_text
 
 BACKEND = "pdstack_router"
 REFUSE_BACKEND = "pdstack_refuse"
@@ -111,7 +111,7 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
                   ("timeout", "http-request", "30s"), ("timeout", "http-keep-alive", "10s")):
         add(d, *words)
     f = f"frontend {FRONTEND}"
-    add(f, "bind", f"{fd['bind']}:{int(fd['port'])}")
+    add(f, "bind", haproxy_address(fd["bind"], int(fd["port"])))
     if api_key_file:
         add(f, "http-request", "return", "status", "401", "content-type", "application/json", "string",
             _json_error("missing or wrong API key (Authorization: Bearer KEY)", "authentication_error", 401),
@@ -139,7 +139,7 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
     add(b, "http-response", "set-header", "Retry-After", ra, "if", "{", "status", "503", "}",
         "!{", "res.hdr(retry-after)", "-m", "found", "}")
     limits = ("maxconn", str(n), "maxqueue", str(max(q, 1))) if n > 0 else ()
-    add(b, "server", SERVER, f"{fd['backend_address']}:{int(fd['backend_port'])}", *limits,
+    add(b, "server", SERVER, haproxy_address(fd["backend_address"], int(fd["backend_port"])), *limits,
         "check", "inter", "2s", "fall", "2", "rise", "1", "observe", "layer4", "error-limit", "1",
         "on-error", "mark-down")
     if n > 0:
@@ -151,7 +151,7 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
             "application/json", "hdr", "Retry-After", ra, "hdr", REFUSAL_HEADER, MAINTENANCE, "string",
             _json_error(MESSAGES[MAINTENANCE], BODY_TYPES[MAINTENANCE], 503))
     m = "frontend pdstack_metrics"
-    add(m, "bind", f"{fd['metrics_bind']}:{int(fd['metrics_port'])}")
+    add(m, "bind", haproxy_address(fd["metrics_bind"], int(fd["metrics_port"])))
     add(m, "no", "log")
     add(m, "http-request", "use-service", "prometheus-exporter", "if", "{", "path", "/metrics", "}")
     add(m, "http-request", "return", "status", "200", "content-type", "text/plain", "string", "ok",

@@ -12,7 +12,7 @@ import ipaddress
 from typing import Any
 
 from pdstack.controller.render import frontdoor
-from pdstack.controller.render.encoders import EncodeError, haproxy_word, parse_haproxy
+from pdstack.controller.render.encoders import EncodeError, haproxy_address, parse_haproxy
 
 # HAProxy keeps timers in ms in a signed 32-bit int: `timeout ...` and `hard-stop-after` above 2**31-1 ms
 # (~24.8 days) are refused by `haproxy -c` ("timer overflow", measured on 2.6.12).
@@ -111,9 +111,9 @@ def limit_problems(fd: dict[str, Any]) -> list[str]:
 def readback_problems(fd: dict[str, Any], **render: Any) -> list[str]:
     """Render haproxy.cfg in memory as the frontdoor role does and read it back: every value must be one word the
     encoder can carry, and the text must parse back to exactly the directives the renderer meant."""
-    for key in ("bind", "backend_address", "metrics_bind"):
+    for key, port in (("bind", "port"), ("backend_address", "backend_port"), ("metrics_bind", "metrics_port")):
         try:
-            haproxy_word(str(fd.get(key)))
+            haproxy_address(fd.get(key), fd.get(port))
         except EncodeError as e:
             return [f"{SOURCES[key]}: {e}"]
     try:
