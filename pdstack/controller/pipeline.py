@@ -34,7 +34,7 @@ def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fal
     """Check (static + topology), plan, read every rendered artifact back. Raises InventoryError listing every problem.
     `deploy` (default: `require_image`, as the preflight role plans): the plan is about to be deployed, so
     placeholder addresses are errors, not warnings."""
-    with _unrenderable():
+    with _unrenderable(dep):
         problems = preflight.static_problems(dep, deploy=require_image if deploy is None else deploy)
         problems += preflight.topology_problems(dep, facts)
         if problems:
@@ -48,13 +48,15 @@ def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fal
 
 
 @contextlib.contextmanager
-def _unrenderable():
+def _unrenderable(dep: Deployment):
     """An extra_args value the argv encoder refuses (load/flags.py) while a check renders it: an InventoryError
-    naming the key, not a traceback (the planner names the server itself)."""
+    naming where the key is set, not a traceback."""
     try:
         yield
     except flags.Unrenderable as e:
-        raise InventoryError([f"{e} (in pdstack_servers or pdstack_router)"]) from None
+        where = [f"host_vars/{h.name} server {s['name']}" for h, s in dep.servers() if e.key in s["extra_args"]]
+        where += ["pdstack_router"] * (e.key in (dep.router.get("extra_args") or {}))
+        raise InventoryError([f"{' and '.join(where) or 'pdstack_servers / pdstack_router'}: {e}"]) from None
 
 
 # ---------------------------------------------------------------------------------------- `pdstack plan`
@@ -103,7 +105,7 @@ def run_preflight(args: argparse.Namespace) -> int:
     dep = inventory.load(args.inventory, resolved=args.vars)
     path = None if args.static else inventory.facts_path(args)
     if path is None:
-        with _unrenderable():
+        with _unrenderable(dep):
             problems = preflight.static_problems(dep, deploy=True)
         if problems:
             raise InventoryError(problems)

@@ -147,9 +147,11 @@ def argv_word(key: str, value, item: int | None = None) -> str:
     return w
 
 
-def render_value(value, action: argparse.Action | None = None, key: str = "?") -> list[str]:
+def render_value(value, action: argparse.Action | None = None, key: str | None = None) -> list[str]:
     """The words one extra_args value becomes after its flag. Raises Unrenderable for a word the argv cannot carry
-    as a value (see _word)."""
+    as a value (see argv_word); `key` (default: the action's flag) names it."""
+    if key is None:
+        key = next((o[2:] for o in (action.option_strings if action else ()) if o.startswith("--")), "?")
     if isinstance(value, dict) or isinstance(value, list) and action is not None and takes_json(action):
         return [argv_word(key, value)]
     if isinstance(value, list):

@@ -39,27 +39,33 @@ def _source(words: list[str], i: int, extra: dict[str, Any], owned: dict[str, st
     return f"extra_args.{key}" if key in extra else owned.get(key, f"--{key}")
 
 
+def _carried(word: str) -> bool:
+    """The unit template's quoting, read by systemd, gives the word back."""
+    try:
+        return encoders.systemd_split(template_exec_line([word])) == [word]
+    except ValueError:
+        return False
+
+
 def _exec_problems(what: str, argv: list[str], launcher_len: int, extra: dict[str, Any],
                    owned: dict[str, str]) -> list[str]:
-    out = []
+    """The unit's ExecStart= for `argv`: each word through the ExecStart encoder, and the line the template writes
+    split back by systemd's rules to the same argv."""
     words = argv[launcher_len:]
-    try:
-        encoders.systemd_exec(argv)
-    except encoders.EncodeError as e:
-        bad = next((i for i, w in enumerate(words) if not _encodes(w)), 0)
-        out.append(f"{what}: {_source(words, bad, extra, owned)}: {e}; change the value")
-        return out
-    try:
-        back = encoders.systemd_split(template_exec_line(argv))
-    except ValueError as e:
-        back = [f"<unreadable: {e}>"]
-    if back != argv:
-        bad = next((i for i, (a, b) in enumerate(zip(back[launcher_len:], words, strict=False)) if a != b),
-                   min(len(words), max(len(back) - launcher_len, 0)) - 1)
-        word = words[bad] if 0 <= bad < len(words) else "?"
-        out.append(f"{what}: {_source(words, max(bad, 0), extra, owned)}: the unit's ExecStart= does not read back "
-                   f"as the argv ({word!r} holds a character the unit template's quoting does not carry for "
-                   "systemd: ' \\ $ or a control character); change the value")
+    out: list[str] = []
+    for i, w in enumerate(words):
+        src = _source(words, i, extra, owned)
+        try:
+            encoders.systemd_word(w)
+        except encoders.EncodeError as e:
+            out.append(f"{what}: {src}: {e}; change the value")
+            continue
+        if not _carried(w):
+            out.append(f"{what}: {src}: {w!r} does not read back from the unit's ExecStart= as written (the unit "
+                       "template quotes for a shell; systemd also expands $ and reads backslash escapes); change "
+                       "the value")
+    if not out and encoders.systemd_split(template_exec_line(argv)) != argv:  # pragma: no cover - words checked
+        out.append(f"{what}: the unit's ExecStart= does not read back as the argv")
     return out
 
 
