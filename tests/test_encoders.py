@@ -155,13 +155,17 @@ def test_env_file_lines_refused_or_parsed_back():
         key = rng.choice(["PDSTACK_X", "A1", "_k", v[:8], "1BAD", "A B", "A=B"])
         text = _either(lambda d: enc.env_file(d), enc.parse_env_file, {key: v})
         if text is None:
+            quoted = len(v) >= 2 and v[0] == v[-1] and v[0] in "'\""
             assert not enc.ENV_KEY.fullmatch(key) or any(ord(c) < 32 and c != "\t" or c == "\x7f" for c in v) \
-                or "\ud800" in v + key, (key, v)
+                or "\ud800" in v + key or quoted or len(v) > enc.ENV_LINE_MAX - len(key), (key, v)
         else:
             passed += 1
     assert passed > N // 4
     assert enc.parse_env_file(enc.env_file({"A": "x=1 #not a comment", "B": ""})) == {"A": "x=1 #not a comment",
                                                                                      "B": ""}
+    for v in ('"quoted"', "'quoted'", "x" * enc.ENV_LINE_MAX):  # docker 28 strips the quotes; a line over 64 KiB
+        with pytest.raises(EncodeError):
+            enc.env_line("A", v)
 
 
 def test_docker_volume_and_env_refused_or_read_back():

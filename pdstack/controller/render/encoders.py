@@ -179,14 +179,24 @@ def systemd_split(line: str, environ: dict[str, str] | None = None) -> list[str]
 # ------------------------------------------------------------------------------------- environment-file lines
 
 
+ENV_LINE_MAX = 64 * 1024 - 1  # bufio.MaxScanTokenSize: docker refuses a longer line
+
+
 def env_line(key: Any, value: Any) -> str:
-    """One KEY=VALUE line of the env file docker reads (`docker run --env-file`: no quoting, the value is the rest
-    of the line as is, the key must not hold whitespace, lines are split at LF and a trailing CR is dropped)."""
+    """One KEY=VALUE line of the env file docker reads (`docker run --env-file`, docker/cli pkg/kvfile: no escapes,
+    the value is the rest of the line, lines split at LF with a trailing CR dropped, at most 64 KiB; docker 28 also
+    strips one pair of matching quotes around the value, older versions keep them, so such a value is refused)."""
     k = _text(key, "an environment-file key")
     if not ENV_KEY.fullmatch(k):
         raise EncodeError(f"environment variable name {k!r} is not [A-Za-z_][A-Za-z0-9_]*")
     v = _no_control(_text(value, "an environment-file value"), "an environment-file line", allow_tab=True)
-    return f"{k}={v}"
+    if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
+        raise EncodeError(f"value {v[:40]!r} starts and ends with {v[0]}: docker 28 strips them, older docker keeps "
+                          "them; drop the quotes (values are taken as is)")
+    line = f"{k}={v}"
+    if len(line.encode()) > ENV_LINE_MAX:
+        raise EncodeError(f"{k}=... is {len(line.encode())} bytes; docker's env-file reader stops at {ENV_LINE_MAX}")
+    return line
 
 
 def env_file(env: dict[str, Any]) -> str:
@@ -194,8 +204,9 @@ def env_file(env: dict[str, Any]) -> str:
 
 
 def parse_env_file(text: str) -> dict[str, str]:
-    """Docker's reading of an --env-file: comment and blank lines skipped, leading whitespace dropped, KEY=VALUE
-    split at the first '='. A line without '=' would copy the host's variable: refused here (we never write one)."""
+    """Docker 28's reading of an --env-file: comment and blank lines skipped, leading whitespace dropped, KEY=VALUE
+    split at the first '=', one pair of matching quotes around the value stripped. A line without '=' would copy
+    the host's variable: refused here (we never write one)."""
     out: dict[str, str] = {}
     for no, raw in enumerate(text.split("\n"), 1):
         line = raw[:-1] if raw.endswith("\r") else raw
@@ -207,6 +218,8 @@ def parse_env_file(text: str) -> dict[str, str]:
             raise ValueError(f"line {no}: {line!r} has no '=' (docker would take the host's {key})")
         if not key or any(c.isspace() for c in key):
             raise ValueError(f"line {no}: variable {key!r} is empty or holds whitespace")
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]  # docker 28 (pkg/kvfile trimQuotes)
         out[key] = value
     return out
 
