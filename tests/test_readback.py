@@ -5,6 +5,7 @@ read-back itself still catches the change."""
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 import socket
 import subprocess
@@ -223,3 +224,28 @@ def test_a_maxconn_haproxy_checks_but_cannot_run_is_refused(good, tmp_path: Path
     c, run = check_and_run(huge)
     assert c == 0 and run not in (None, 0)
     assert any("maxconn" in x for x in frontdoor_check.limit_problems(huge))
+
+
+def test_plan_json_holds_no_number_json_cannot_carry(good):
+    _dep, plan = good
+    assert artifacts.json_problems(plan) == []
+    p = copy.deepcopy(plan)
+    p.model["mem"] = [1.0, float("nan")]
+    out = artifacts.json_problems(p)
+    assert out and "model.mem.1" in out[0], out
+
+
+def test_the_render_clis_refuse_a_hand_edited_plan_without_a_traceback(good, tmp_path: Path, capsys):
+    from pdstack.controller.render import firewall
+
+    _dep, plan = good
+    data = plan.to_dict()
+    data["router"]["frontdoor"]["bind"] = "0.0.0.0:8000\n    http-request allow"
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps(data))
+    assert frontdoor.main(["--plan", str(f)]) == 2
+    assert "holds a newline" in capsys.readouterr().err
+    data["servers"][0]["host"] = data["router"]["host"]
+    f.write_text(json.dumps(data))
+    assert firewall.main(["--plan", str(f), "--host", data["router"]["host"], "--peer", "10.0.0.1\nflush ruleset"]) == 2
+    assert "not an IP address" in capsys.readouterr().err

@@ -13,6 +13,8 @@ Each problem names the variable the value came from and how to fix it.
 from __future__ import annotations
 
 import ipaddress
+import json
+import math
 import re
 import shlex
 from typing import Any
@@ -199,10 +201,28 @@ def nft_problems(plan: Plan) -> list[str]:
     return out
 
 
+def _non_finite(value: Any, path: str = "") -> str | None:
+    """The path of the first number JSON cannot carry (NaN, Infinity) in `value`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "(top)"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    return next((p for k, v in items if (p := _non_finite(v, f"{path}.{k}" if path else str(k)))), None)
+
+
+def json_problems(plan: Plan) -> list[str]:
+    """plan.json, which the roles read (from_json) and copy to the hosts, as strict JSON read back."""
+    data = plan.to_dict()
+    try:
+        back = json.loads(encoders.json_text(data))
+    except encoders.EncodeError:
+        return [f"the plan's {_non_finite(data)} is not a JSON number (NaN or infinity): set a finite value"]
+    return [] if back == data else ["the plan does not read back from JSON unchanged (a pdstack bug)"]
+
+
 def artifact_problems(plan: Plan, dep: Deployment) -> list[str]:
     """Every artifact read back (make_plan runs this after readback.plan_problems)."""
     fd = plan.router.frontdoor
     out = frontdoor_check.frontdoor_problems(fd, plan.router.address, dep.environment == "production")
     out += server_settings_problems(plan) + router_settings_problems(plan)
-    out += unit_problems(plan, dep) + nft_problems(plan)
+    out += unit_problems(plan, dep) + nft_problems(plan) + json_problems(plan)
     return out

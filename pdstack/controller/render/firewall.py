@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pdstack.controller.render.encoders import nft_address, nft_comment, nft_ident, nft_port
+from pdstack.controller.render.encoders import EncodeError, nft_address, nft_comment, nft_ident, nft_port
 
 TABLE = "pdstack"
 
@@ -108,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.peer_names:
         print(json.dumps(peer_names(plan, dict(x.split("=", 1) for x in a.address))))
         return 0
-    sys.stdout.write(nft_ruleset(plan, a.host, a.peer, a.admin_peer))
+    try:
+        text = nft_ruleset(plan, a.host, a.peer, a.admin_peer)
+    except EncodeError as e:
+        print(f"firewall: the nft script cannot carry a value: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
     return 0
 
 

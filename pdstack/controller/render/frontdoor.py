@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pdstack.controller.plan.planner import MAINTENANCE_FILE, RUNTIME_SOCKET  # noqa: F401 (the plan's)
-from pdstack.controller.render.encoders import Directive, haproxy_address, haproxy_text, json_text
+from pdstack.controller.render.encoders import Directive, EncodeError, haproxy_address, haproxy_text, json_text
 
 BACKEND = "pdstack_router"
 REFUSE_BACKEND = "pdstack_refuse"
@@ -195,9 +195,14 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"ACL pattern file of the maintenance switch (default {MAINTENANCE_FILE}; '' for none)")
     a = ap.parse_args(argv)
     plan = json.loads(sys.stdin.read() if a.plan == "-" else Path(a.plan).read_text())
-    sys.stdout.write(haproxy_config(plan["router"]["frontdoor"], log=a.log, api_key_file=a.api_key_file,
-                                    stats_socket=a.stats_socket or None, user=a.user, chroot=a.chroot,
-                                    maintenance_file=a.maintenance_file or None))
+    try:
+        text = haproxy_config(plan["router"]["frontdoor"], log=a.log, api_key_file=a.api_key_file,
+                              stats_socket=a.stats_socket or None, user=a.user, chroot=a.chroot,
+                              maintenance_file=a.maintenance_file or None)
+    except EncodeError as e:  # make_plan refuses these first; a hand-edited plan.json lands here
+        print(f"frontdoor: haproxy.cfg cannot carry a setting of the plan's router.frontdoor: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
     return 0
 
 
