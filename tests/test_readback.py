@@ -16,7 +16,7 @@ import yaml
 
 from pdstack.controller import pipeline
 from pdstack.controller.load import inventory
-from pdstack.controller.render import artifacts, frontdoor, frontdoor_check
+from pdstack.controller.render import artifacts, frontdoor, frontdoor_check, readback
 from pdstack.errors import InventoryError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,18 +119,18 @@ def good():
 
 def test_the_shipped_plan_reads_back_clean(good):
     dep, plan = good
-    assert artifacts.artifact_problems(plan, dep) == []
+    assert artifacts.artifact_problems(plan, dep) == [] and readback.plan_problems(plan, dep) == []
 
 
 def test_a_worker_smuggled_into_the_router_argv_is_caught(good):
     dep, plan = good
     p = copy.deepcopy(plan)
     p.router.flags += ["--decode", "http://203.0.113.66:30001"]
-    out = artifacts.router_settings_problems(p)
+    out = readback.router_settings_problems(p)
     assert any("decode workers" in x and "203.0.113.66" in x and "outside the inventory" in x for x in out), out
     p = copy.deepcopy(plan)
     p.router.flags += ["--host", "0.0.0.0"]
-    assert any("host = '0.0.0.0'" in x for x in artifacts.router_settings_problems(p))
+    assert any("host = '0.0.0.0'" in x for x in readback.router_settings_problems(p))
 
 
 def test_a_server_moved_onto_loopback_or_another_port_is_caught(good):
@@ -139,7 +139,7 @@ def test_a_server_moved_onto_loopback_or_another_port_is_caught(good):
                         (["--disaggregation-bootstrap-port", "9999"], "disaggregation_bootstrap_port")):
         p = copy.deepcopy(plan)
         p.servers[0].flags += words
-        out = artifacts.server_settings_problems(p)
+        out = readback.server_settings_problems(p)
         assert any(f"server {p.servers[0].name}" in x and f"{dest} =" in x for x in out), (words, out)
 
 

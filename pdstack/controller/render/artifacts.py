@@ -1,12 +1,13 @@
-"""Every artifact the roles render from the plan, rendered here in memory and read back before any host changes.
+"""Every artifact the roles render from the plan, rendered here in memory and read back before any host changes
+(the argv through the upstream parsers is render/readback.py's):
 
-- each argv through SGLang's / the router's own parser: no worker, host or port other than the plan's choice;
 - each unit's ExecStart= as the roles' templates write it (`argv | map('quote') | join(' ') | replace('%', '%%')`,
   roles/serving and roles/router) split back by systemd's rules (encoders.systemd_split) to the same argv, and
   every word the template writes unquoted (container, cpuset, image, the model volume) one plain word;
 - each server's env file (roles/serving server.env.j2: KEY=VALUE lines, dictsort) parsed back as docker's
   --env-file reader does, to the same keys and values;
-- haproxy.cfg (render/frontdoor_check.py) and each host's nft script (render/firewall.py) through their encoders.
+- haproxy.cfg (render/frontdoor_check.py), each host's nft script (render/firewall.py) and plan.json through their
+  encoders.
 Each problem names the variable the value came from and how to fix it.
 """
 
@@ -20,7 +21,6 @@ import shlex
 from typing import Any
 
 from pdstack.controller.check import tables
-from pdstack.controller.load import flags
 from pdstack.controller.load.inventory import Deployment
 from pdstack.controller.plan.planner import ROUTER_LAUNCHER, SGLANG_LAUNCHER, SIM_LAUNCHER, Plan
 from pdstack.controller.render import encoders, firewall, frontdoor_check
@@ -87,51 +87,6 @@ def _plain(what: str, var: str, word: str) -> list[str]:
         ok = False
     return [] if ok else [f"{what}: {var} {word!r} is written into the unit unquoted and must be one plain word "
                           "(letters, digits and _./:,+=@-); change it"]
-
-
-def server_settings_problems(plan: Plan) -> list[str]:
-    """Each server's argv, read by SGLang's parser, listens where the plan says and is the role it says."""
-    out = []
-    for s in plan.servers:
-        try:
-            ns = vars(flags.sglang_parser().parse_args(s.flags))
-        except flags.Rejected as e:
-            out.append(f"server {s.name}: SGLang's parser refuses the rendered argv: {e}")
-            continue
-        want = {"host": "0.0.0.0", "port": s.ports["http"], "disaggregation_mode": s.role}
-        if s.role == "prefill":
-            want["disaggregation_bootstrap_port"] = s.ports["bootstrap"]
-        for dest, v in want.items():
-            if ns.get(dest) != v:
-                out.append(f"server {s.name}: the argv reads back {dest} = {ns.get(dest)!r}, not the plan's {v!r}: "
-                           "a value in extra_args reads as a flag; write each flag as its own extra_args key")
-    return out
-
-
-def router_settings_problems(plan: Plan) -> list[str]:
-    """The router's argv, read by sglang-router's parser, names exactly the plan's workers, host and ports."""
-    r = plan.router
-    try:
-        ns = vars(flags.router_parser().parse_args(r.flags))
-    except flags.Rejected as e:
-        return [f"pdstack_router: the router's parser refuses the rendered argv: {e}"]
-    got_p = [tuple(map(str, x)) for x in ns.get("prefill") or []]
-    got_d = [tuple(map(str, x)) for x in ns.get("decode") or []]
-    want_p = [(w["url"], str(w["bootstrap_port"])) for w in r.prefill]
-    want_d = [(w["url"],) for w in r.decode]
-    out = []
-    for what, got, want in (("prefill", got_p, want_p), ("decode", got_d, want_d)):
-        if sorted(got) != sorted(want):
-            extra = sorted(set(got) - set(want))
-            out.append(f"pdstack_router: the router's argv reads back {what} workers {got}, not the plan's {want}"
-                       + (f" ({extra} outside the inventory: a value in pdstack_router.extra_args reads as a flag)"
-                          if extra else ""))
-    for dest, v in (("host", "127.0.0.1"), ("port", r.internal_port), ("prometheus_port", r.prometheus_port),
-                    ("worker_urls", [])):
-        if ns.get(dest) != v:
-            out.append(f"pdstack_router: the router's argv reads back {dest} = {ns.get(dest)!r}, not the plan's "
-                       f"{v!r}: a value in pdstack_router.extra_args reads as a flag")
-    return out
 
 
 def unit_problems(plan: Plan, dep: Deployment) -> list[str]:
@@ -223,6 +178,5 @@ def artifact_problems(plan: Plan, dep: Deployment) -> list[str]:
     """Every artifact read back (make_plan runs this after readback.plan_problems)."""
     fd = plan.router.frontdoor
     out = frontdoor_check.frontdoor_problems(fd, plan.router.address, dep.environment == "production")
-    out += server_settings_problems(plan) + router_settings_problems(plan)
     out += unit_problems(plan, dep) + nft_problems(plan) + json_problems(plan)
     return out
