@@ -327,7 +327,12 @@ def test_nft_accepts_a_sample_of_encoded_comments_and_strings(tmp_path: Path):
             ok.append((enc.nft_comment(v), enc.nft_string(v[:100])))
         except EncodeError:
             pass
-    lines = ["table inet pdstack_enc_test", "delete table inet pdstack_enc_test", "table inet pdstack_enc_test {"]
+    rng = random.Random(SEED + 10)
+    v4 = sorted({enc.nft_address(f"{rng.randint(1, 223)}.{rng.randint(0, 255)}.{rng.randint(0, 255)}."
+                                 f"{rng.randint(0, 255)}/{rng.choice([8, 16, 24, 32])}") for _ in range(30)})
+    lines = ["table inet pdstack_enc_test", "delete table inet pdstack_enc_test", "table inet pdstack_enc_test {",
+             "    set s4 {", "        type ipv4_addr", "        flags interval", "        auto-merge",
+             f"        elements = {{ {', '.join(v4)} }}", "    }"]
     for i, (c, s) in enumerate(ok[:40]):
         lines += [f"    # {c}", f"    chain c{i} {{", f"        comment {s}", "    }"]
     lines += ["}", ""]
