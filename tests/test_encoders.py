@@ -340,3 +340,35 @@ def test_nft_accepts_a_sample_of_encoded_comments_and_strings(tmp_path: Path):
     f.write_text("\n".join(lines))
     r = subprocess.run([NFT, "-c", "-f", str(f)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_prometheus_labels_refused_or_read_back():
+    passed = 0
+    for v in samples(seed=SEED + 11):
+        try:
+            text = enc.prom_labels({"server": v, "n": 1})
+        except EncodeError:
+            assert any((ord(c) < 32 and c != "\n") or c == "\x7f" for c in v) or "\ud800" in v, v
+            continue
+        passed += 1
+        assert enc.parse_prom_labels(text) == {"server": v, "n": "1"} and "\n" not in text
+    assert passed > N // 4
+    with pytest.raises(EncodeError):
+        enc.prom_labels({"bad name": "x"})
+
+
+@pytest.mark.skipif(not shutil.which("promtool"), reason="needs promtool")
+def test_promtool_reads_a_sample_of_encoded_labels():
+    ok = []
+    for v in samples(200, SEED + 12):
+        try:
+            ok.append(enc.prom_labels({"server": v}))
+        except EncodeError:
+            pass
+    text = "# HELP pdstack_enc_info A test.\n# TYPE pdstack_enc_info gauge\n" + "".join(
+        f"pdstack_enc_info{labels} {i}\n" for i, labels in enumerate(dict.fromkeys(ok)))
+    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    bad = 'pdstack_enc_info{server="a"b"} 1\n'  # the check can fail: an unescaped quote
+    r = subprocess.run(["promtool", "check", "metrics"], input=text + bad, capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0

@@ -455,3 +455,53 @@ def nft_string(value: Any) -> str:
     if len(s.encode()) > 127:
         raise EncodeError(f"{s[:40]!r}... is {len(s.encode())} bytes; nft strings hold at most 127")
     return f'"{s}"'
+
+
+# ------------------------------------------------------------------------------- Prometheus text exposition
+
+_PROM_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def prom_label(value: Any) -> str:
+    """A label value of the Prometheus text format (node_exporter's textfile collector reads it), quoted: backslash,
+    double quote and line feed escaped as the format defines; other control characters refused."""
+    v = _text(str(value) if isinstance(value, int) and not isinstance(value, bool) else value, "a Prometheus label")
+    _no_control(v.replace("\n", " "), "a Prometheus label value")
+    return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def prom_labels(labels: dict[str, Any]) -> str:
+    for k in labels:
+        if not _PROM_NAME.fullmatch(k) or k.startswith("__"):
+            raise EncodeError(f"{k!r} is not a Prometheus label name")
+    return "{" + ",".join(f"{k}={prom_label(v)}" for k, v in labels.items()) + "}"
+
+
+def parse_prom_labels(text: str) -> dict[str, str]:
+    """The labels of `{k="v",...}` as Prometheus' text parser reads them."""
+    if not (text.startswith("{") and text.endswith("}")):
+        raise ValueError(f"{text[:40]!r} is not a label set")
+    out: dict[str, str] = {}
+    i, body = 0, text[1:-1]
+    while i < len(body):
+        m = _PROM_NAME.match(body, i)
+        if m is None or body[m.end():m.end() + 2] != '="':
+            raise ValueError(f"column {i}: expected name=\"value\"")
+        j, val = m.end() + 2, []
+        while j < len(body) and body[j] != '"':
+            if body[j] == "\\":
+                nxt = body[j + 1:j + 2]
+                if nxt not in ('\\', '"', "n"):
+                    raise ValueError(f"column {j}: escape \\{nxt} is not one of \\\\ \\\" \\n")
+                val.append("\n" if nxt == "n" else nxt)
+                j += 2
+                continue
+            val.append(body[j])
+            j += 1
+        if j >= len(body):
+            raise ValueError("unterminated label value")
+        out[m.group()] = "".join(val)
+        i = j + 1
+        if body[i:i + 1] == ",":
+            i += 1
+    return out
