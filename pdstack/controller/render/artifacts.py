@@ -97,7 +97,8 @@ def unit_problems(plan: Plan, dep: Deployment) -> list[str]:
         host, spec = specs[s.name]
         what = f"host_vars/{host} server {s.name}"
         out += _exec_problems(what, s.argv, launcher_len, spec["extra_args"], tables.OWNED_FLAGS)
-        for var, word in (("container", s.container), ("cpuset", s.cpuset_cpus), ("cpuset mems", s.cpuset_mems)):
+        for var, word in (("name", s.name), ("role", s.role), ("unit", s.unit), ("container", s.container),
+                          ("cpuset", s.cpuset_cpus), ("cpuset mems", s.cpuset_mems)):
             out += _plain(what, var, word)
         out += env_problems(what, s.env, spec.get("env") or {})
     r = plan.router
