@@ -372,3 +372,31 @@ def test_promtool_reads_a_sample_of_encoded_labels():
     bad = 'pdstack_enc_info{server="a"b"} 1\n'  # the check can fail: an unescaped quote
     r = subprocess.run(["promtool", "check", "metrics"], input=text + bad, capture_output=True, text=True, timeout=30)
     assert r.returncode != 0
+
+
+def test_extra_args_lists_refused_or_read_back_by_the_routers_own_parser():
+    """Hostile list items for a multi-value flag of sglang-router 0.3.2 (--request-id-headers, nargs '*'): the
+    render refuses them, or the router's own parser reads exactly that list back and changes nothing else."""
+    from pdstack.controller.load import flags
+
+    parser = flags.router_parser()
+    base = ["--pd-disaggregation", "--prefill", "http://x:1", "--decode", "http://y:1"]
+    default = vars(parser.parse_args(base))
+    rng = random.Random(SEED + 13)
+    vals = samples(seed=SEED + 13)
+    refused = passed = 0
+    for _ in range(200):
+        items = rng.sample(vals, rng.randint(1, 4))
+        try:
+            words = flags.render_extra({"request-id-headers": items}, parser)
+        except flags.Unrenderable as e:
+            refused += 1
+            assert "extra_args.request-id-headers" in str(e)
+            assert any(str(v).startswith("-") or "\x00" in v for v in items), items
+            continue
+        passed += 1
+        got = vars(parser.parse_args([*base, *words]))
+        assert got["request_id_headers"] == items
+        assert {k: v for k, v in got.items() if k != "request_id_headers"} == \
+            {k: v for k, v in default.items() if k != "request_id_headers"}
+    assert refused and passed
