@@ -13,16 +13,17 @@ the `pdstack plan` and `pdstack preflight` subcommands are at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
 from pdstack.controller.check import preflight
-from pdstack.controller.load import inventory
+from pdstack.controller.load import flags, inventory
 from pdstack.controller.load.facts import load_facts
 from pdstack.controller.load.inventory import Deployment
 from pdstack.controller.plan import planner
 from pdstack.controller.plan.planner import Plan
-from pdstack.controller.render import readback
+from pdstack.controller.render import artifacts, readback
 from pdstack.errors import InventoryError
 
 __all__ = ["load_facts", "make_plan"]
@@ -30,18 +31,32 @@ __all__ = ["load_facts", "make_plan"]
 
 def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = False, deploy: bool | None = None
               ) -> Plan:
-    """Check (static + topology), plan, read the rendered argv back. Raises InventoryError listing every problem.
+    """Check (static + topology), plan, read every rendered artifact back. Raises InventoryError listing every problem.
     `deploy` (default: `require_image`, as the preflight role plans): the plan is about to be deployed, so
     placeholder addresses are errors, not warnings."""
-    problems = preflight.static_problems(dep, deploy=require_image if deploy is None else deploy)
-    problems += preflight.topology_problems(dep, facts)
-    if problems:
-        raise InventoryError(problems)
-    plan = planner.build_plan(dep, facts, require_image=require_image)
-    problems = readback.plan_problems(plan, dep)
+    with _unrenderable(dep):
+        problems = preflight.static_problems(dep, deploy=require_image if deploy is None else deploy)
+        problems += preflight.topology_problems(dep, facts)
+        if problems:
+            raise InventoryError(problems)
+        plan = planner.build_plan(dep, facts, require_image=require_image)
+    # every artifact the roles render, rendered in memory and read back: argv, units, env files, haproxy.cfg, nft
+    problems = readback.plan_problems(plan, dep) + artifacts.artifact_problems(plan, dep)
     if problems:
         raise InventoryError(problems)
     return plan
+
+
+@contextlib.contextmanager
+def _unrenderable(dep: Deployment):
+    """An extra_args value the argv encoder refuses (load/flags.py) while a check renders it: an InventoryError
+    naming where the key is set, not a traceback."""
+    try:
+        yield
+    except flags.Unrenderable as e:
+        where = [f"host_vars/{h.name} server {s['name']}" for h, s in dep.servers() if e.key in s["extra_args"]]
+        where += ["pdstack_router"] * (e.key in (dep.router.get("extra_args") or {}))
+        raise InventoryError([f"{' and '.join(where) or 'pdstack_servers / pdstack_router'}: {e}"]) from None
 
 
 # ---------------------------------------------------------------------------------------- `pdstack plan`
@@ -90,7 +105,8 @@ def run_preflight(args: argparse.Namespace) -> int:
     dep = inventory.load(args.inventory, resolved=args.vars)
     path = None if args.static else inventory.facts_path(args)
     if path is None:
-        problems = preflight.static_problems(dep, deploy=True)
+        with _unrenderable(dep):
+            problems = preflight.static_problems(dep, deploy=True)
         if problems:
             raise InventoryError(problems)
         print(f"preflight: {args.inventory}: static checks passed (no host facts given: topology not checked)")

@@ -108,19 +108,62 @@ def takes_many(action: argparse.Action) -> bool:
     return action.nargs in ("*", "+") or isinstance(action.nargs, int) and action.nargs > 1
 
 
-def render_value(value, action: argparse.Action | None = None) -> list[str]:
-    """The words one extra_args value becomes after its flag."""
+class Unrenderable(ValueError):
+    """An extra_args value the argv cannot carry as meant (render/encoders.py's argv encoder, kept here because the
+    load stage renders extra_args). `key`: the extra_args key."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(f"extra_args.{key}: {message}")
+
+
+def _number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def argv_word(key: str, value, item: int | None = None) -> str:
+    """One argv word of extra_args.KEY: no NUL (execve ends a word there); a list item of a multi-value flag must not
+    start with '-' (argparse ends the list there and reads the rest as flags: `[x-request-id, --decode, URL]` adds a
+    decode worker), nor may a single value that is not a number."""
+    if isinstance(value, dict | list):
+        try:
+            w = json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+        except ValueError as e:
+            raise Unrenderable(key, f"{value!r} is not JSON ({e})") from None
+    elif isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+        raise Unrenderable(key, f"{value!r} is not a number a flag can take")
+    else:
+        w = str(value)
+    at = f"list item {item} ({w!r})" if item is not None else f"value {w!r}"
+    if "\x00" in w:
+        raise Unrenderable(key, f"{at} holds a NUL byte, which no argv word can carry")
+    if w.startswith("-") and (item is not None or not _number(w)):
+        raise Unrenderable(key, f"{at} starts with '-': SGLang's and the router's parsers would read it as a flag "
+                           "(argparse's last-wins then overrides the plan); write each flag as its own extra_args key")
+    return w
+
+
+def render_value(value, action: argparse.Action | None = None, key: str | None = None) -> list[str]:
+    """The words one extra_args value becomes after its flag. Raises Unrenderable for a word the argv cannot carry
+    as a value (see argv_word); `key` (default: the action's flag) names it."""
+    if key is None:
+        key = next((o[2:] for o in (action.option_strings if action else ()) if o.startswith("--")), "?")
     if isinstance(value, dict) or isinstance(value, list) and action is not None and takes_json(action):
-        return [json.dumps(value, separators=(",", ":"), sort_keys=False)]
+        return [argv_word(key, value)]
     if isinstance(value, list):
-        return [json.dumps(v, separators=(",", ":")) if isinstance(v, dict | list) else str(v) for v in value]
-    return [str(value)]
+        return [argv_word(key, v, i) for i, v in enumerate(value)]
+    return [argv_word(key, value)]
 
 
 def render_extra(args: dict, parser: argparse.ArgumentParser | None = None) -> list[str]:
     """{'mem-fraction-static': 0.85, 'enable-foo': True, 'disable-bar': False} -> ['--mem-fraction-static', '0.85',
     '--enable-foo']. false drops a bare flag; a list gives several values; a mapping (or a list, for a flag that
-    takes JSON) is written as compact JSON."""
+    takes JSON) is written as compact JSON. Raises Unrenderable (naming the key) for a value that would read as a
+    flag."""
     out: list[str] = []
     for key, value in args.items():
         flag = f"--{key}"
@@ -133,5 +176,5 @@ def render_extra(args: dict, parser: argparse.ArgumentParser | None = None) -> l
         elif value is False or value is None:
             continue
         else:
-            out += [flag, *render_value(value, action)]
+            out += [flag, *render_value(value, action, key)]
     return out

@@ -7,6 +7,8 @@ worker. The serving and router roles render units from this plan and nothing els
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from pdstack.controller.check import preflight
-from pdstack.controller.load import flags, inventory, rules
+from pdstack.controller.load import flags, inventory, rules, variables
 from pdstack.controller.load.inventory import Deployment
 from pdstack.errors import InventoryError
 from pdstack.switches import (  # read by our SGLang patch series (kernels/patches) and SGLang
@@ -247,7 +249,10 @@ def server_flags(dep: Deployment, s: dict, hc: HiCachePlan) -> list[str]:
                 "--hicache-write-policy", s["hicache"]["write_policy"],
                 "--hicache-io-backend", s["hicache"]["io_backend"],
                 "--hicache-mem-layout", s["hicache"]["mem_layout"]]
-    return out + flags.render_extra(s["extra_args"], flags.sglang_parser())
+    try:
+        return out + flags.render_extra(s["extra_args"], flags.sglang_parser())
+    except flags.Unrenderable as e:  # a value the argv cannot carry as meant: refused at render, naming it
+        raise InventoryError([f"server {s['name']}: {e}"]) from None
 
 
 
@@ -297,7 +302,10 @@ def router_flags(dep: Deployment, servers: list[ServerPlan]) -> tuple[list[str],
             "--cb-timeout-duration-secs", str(cb["timeout_secs"]),
             "--request-timeout-secs", str(r["request_timeout_secs"]),
             "--shutdown-grace-period-secs", str(r["shutdown_grace_period_secs"])]
-    return out + flags.render_extra(r["extra_args"], flags.router_parser()), prefill, decode
+    try:
+        return out + flags.render_extra(r["extra_args"], flags.router_parser()), prefill, decode
+    except flags.Unrenderable as e:
+        raise InventoryError([f"pdstack_router.{e}"]) from None
 
 
 def _url_host(address: str) -> str:
@@ -305,11 +313,22 @@ def _url_host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
+def frontdoor_bind(dep: Deployment) -> str:
+    """pdstack_router.frontdoor.bind; in production its wildcard default (which an explicit wildcard cannot be told
+    from) means the router host's address, when a literal IP: render/frontdoor_check.py refuses a wildcard there."""
+    bind, address = dep.router["frontdoor"].get("bind") or "", dep.hosts[dep.router_host].address
+    if dep.environment == "production" and bind in ("", variables.FRONTDOOR.fields["bind"].default):
+        with contextlib.suppress(ValueError):
+            return str(ipaddress.ip_address(address))
+    return bind
+
+
 def frontdoor_plan(dep: Deployment) -> dict[str, Any]:
     """The front door's settings (HAProxy on the router host): admission from pdstack_router.admission."""
     r = dep.router
     adm, fd = r["admission"], r["frontdoor"]
-    return {"bind": fd["bind"], "port": r["port"], "backend_address": "127.0.0.1", "backend_port": r["internal_port"],
+    return {"bind": frontdoor_bind(dep), "port": r["port"], "backend_address": "127.0.0.1",
+            "backend_port": r["internal_port"],
             "max_concurrent_requests": adm["max_concurrent_requests"], "queue_size": adm["queue_size"],
             "queue_timeout_secs": adm["queue_timeout_secs"], "retry_after_secs": fd["retry_after_secs"],
             # idle timeouts above the router's request timeout: the router's own timeout (and error) comes first

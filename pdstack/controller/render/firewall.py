@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pdstack.controller.render.encoders import EncodeError, nft_address, nft_comment, nft_ident, nft_port
+
 TABLE = "pdstack"
 
 
@@ -60,15 +62,17 @@ def nft_ruleset(plan: dict[str, Any], host: str, peer_addresses: list[str], admi
     CIDRs (e.g. an operator's network). Re-loading it replaces the table in one transaction."""
     v4, v6 = [], []
     for a in [*peer_addresses, *admin_peers]:
-        net = ipaddress.ip_network(a, strict=False)
-        (v4 if net.version == 4 else v6).append(str(net))
-    ports = protected_ports(plan, host)
-    out = [f"# pdstack host firewall for {host} (pdstack/controller/render/firewall.py): only peers reach these ports:",
+        net = nft_address(a)  # every value through the nft encoder (render/encoders.py)
+        (v4 if ipaddress.ip_network(net).version == 4 else v6).append(net)
+    ports = {nft_port(p): nft_comment(what) for p, what in protected_ports(plan, host).items()}
+    table = nft_ident(TABLE)
+    out = [f"# pdstack host firewall for {nft_comment(host)} (pdstack/controller/render/firewall.py): only peers "
+           "reach these ports:",
            *[f"#   {p}  {what}" for p, what in ports.items()],
            "# Everything else (the front door, ssh, ...) is left alone: policy accept.",
-           f"table inet {TABLE}",
-           f"delete table inet {TABLE}",
-           f"table inet {TABLE} {{",
+           f"table inet {table}",
+           f"delete table inet {table}",
+           f"table inet {table} {{",
            "    set peers4 {", "        type ipv4_addr", "        flags interval"]
     if v4:
         out.append(f"        elements = {{ {', '.join(sorted(set(v4)))} }}")
@@ -104,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.peer_names:
         print(json.dumps(peer_names(plan, dict(x.split("=", 1) for x in a.address))))
         return 0
-    sys.stdout.write(nft_ruleset(plan, a.host, a.peer, a.admin_peer))
+    try:
+        text = nft_ruleset(plan, a.host, a.peer, a.admin_peer)
+    except EncodeError as e:
+        print(f"firewall: the nft script cannot carry a value: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
     return 0
 
 

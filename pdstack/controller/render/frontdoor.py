@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pdstack.controller.plan.planner import MAINTENANCE_FILE, RUNTIME_SOCKET  # noqa: F401 (the plan's)
+from pdstack.controller.render.encoders import Directive, EncodeError, haproxy_address, haproxy_text, json_text
 
 BACKEND = "pdstack_router"
 REFUSE_BACKEND = "pdstack_refuse"
@@ -50,11 +51,8 @@ MAINTENANCE_ON = "on"
 
 
 def _json_error(message: str, kind: str, code: int) -> str:
-    # OpenAI-style error body; the string goes into an HAProxy quoted argument (no single quotes inside)
-    body = json.dumps({"error": {"message": message, "type": kind, "code": code}})
-    if "'" in body:
-        raise ValueError(f"error message {message!r} must not contain a single quote")
-    return body
+    # OpenAI-style error body: one haproxy.cfg word (the encoder quotes it)
+    return json_text({"error": {"message": message, "type": kind, "code": code}})
 
 
 # the JSON body's "type" per reason (OpenAI-style names where one exists)
@@ -77,6 +75,98 @@ def _json_error_lf(up: str) -> str:
             .replace("@MSG@", f"%[{up},iif({MESSAGES[QUEUE_TIMEOUT]},{MESSAGES[ROUTER_DOWN]})]"))
 
 
+def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_key_file: str | None = None,
+                       stats_socket: str | None = RUNTIME_SOCKET, user: str | None = None,
+                       chroot: str | None = None, maintenance_file: str | None = MAINTENANCE_FILE) -> list[Directive]:
+    """haproxy.cfg as directives (section, keyword, args) for the plan's `router.frontdoor` dict; see
+    haproxy_config for the arguments. Every word is one value: the encoder (render/encoders.py) quotes or refuses
+    it, so no value can add a directive of its own."""
+    n, q, t = int(fd["max_concurrent_requests"]), int(fd["queue_size"]), int(fd["queue_timeout_secs"])
+    ra = str(int(fd["retry_after_secs"]))
+    up = f"srv_is_up({BACKEND}/{SERVER})"
+    idle = int(fd["idle_timeout_secs"])
+    out: list[Directive] = []
+
+    def add(section: str, *words: str) -> None:
+        out.append(Directive(tuple(section.split()), words[0], tuple(words[1:])))
+
+    g = "global"
+    add(g, "log", *log.split())
+    # one thread: the refusal ACLs and the enqueue run in one stream pass, so N + Q is exact (a thread handles far
+    # more requests/s than an LLM deployment serves)
+    add(g, "nbthread", "1")
+    add(g, "maxconn", str(int(fd["max_connections"])))
+    add(g, "hard-stop-after", f"{int(fd['hard_stop_after_secs'])}s")
+    if chroot:
+        add(g, "chroot", chroot)
+    if user:
+        add(g, "user", user)
+        add(g, "group", user)
+    if stats_socket:
+        add(g, "stats", "socket", stats_socket, "mode", "660", "level", "admin")
+    d = "defaults"
+    for words in (("mode", "http"), ("log", "global"), ("option", "httplog"), ("option", "dontlognull"),
+                  ("option", "http-no-delay"), ("option", "abortonclose"), ("timeout", "connect", "5s"),
+                  ("timeout", "queue", f"{t}s"), ("timeout", "client", f"{idle}s"), ("timeout", "server", f"{idle}s"),
+                  ("timeout", "http-request", "30s"), ("timeout", "http-keep-alive", "10s")):
+        add(d, *words)
+    f = f"frontend {FRONTEND}"
+    add(f, "bind", haproxy_address(fd["bind"], int(fd["port"])))
+    if api_key_file:
+        add(f, "http-request", "return", "status", "401", "content-type", "application/json", "string",
+            _json_error("missing or wrong API key (Authorization: Bearer KEY)", "authentication_error", 401),
+            "unless", "{", "req.hdr(authorization)", "-m", "str", "-f", api_key_file, "}")
+    if maintenance_file:
+        # a planned restart of the only server of a role (roles/serving): new requests get 503 at once, while the
+        # ones already in flight or queued finish
+        add(f, "acl", "pdstack_maintenance", f"str({MAINTENANCE_ON})", "-m", "str", "-f", maintenance_file)
+        add(f, "use_backend", MAINTENANCE_BACKEND, "if", "pdstack_maintenance")
+    if n > 0:
+        add(f, "acl", "pdstack_slots_full", f"srv_conn({BACKEND}/{SERVER})", "ge", str(n))
+        add(f, "acl", "pdstack_queue_full", f"queue({BACKEND})", "ge", str(q))
+        add(f, "use_backend", REFUSE_BACKEND, "if", "pdstack_slots_full", "pdstack_queue_full")
+    add(f, "default_backend", BACKEND)
+    b = f"backend {BACKEND}"
+    add(b, "option", "httpchk", "GET", "/liveness")
+    add(b, "http-check", "expect", "status", "200")
+    # HAProxy's own 503s carry Retry-After and say why: the router is down (its health check failed, or a
+    # connection to it failed: `observe layer4` marks it down at the first refused connection, so the answer after
+    # HAProxy's retries already knows), else a waiter's queue timeout. One http-error serves both, so its header and
+    # body pick by the server's state (log-format, iif).
+    add(b, "http-error", "status", "503", "content-type", "application/json", "hdr", "Retry-After", ra,
+        "hdr", REFUSAL_HEADER, f"%[{up},iif({QUEUE_TIMEOUT},{ROUTER_DOWN})]", "lf-string", _json_error_lf(up))
+    # the router's own 503s (no healthy worker) carry Retry-After too
+    add(b, "http-response", "set-header", "Retry-After", ra, "if", "{", "status", "503", "}",
+        "!{", "res.hdr(retry-after)", "-m", "found", "}")
+    limits = ("maxconn", str(n), "maxqueue", str(max(q, 1))) if n > 0 else ()
+    add(b, "server", SERVER, haproxy_address(fd["backend_address"], int(fd["backend_port"])), *limits,
+        "check", "inter", "2s", "fall", "2", "rise", "1", "observe", "layer4", "error-limit", "1",
+        "on-error", "mark-down")
+    if n > 0:
+        add(f"backend {REFUSE_BACKEND}", "http-request", "return", "status", "429", "content-type",
+            "application/json", "hdr", "Retry-After", ra, "hdr", REFUSAL_HEADER, QUEUE_FULL, "string",
+            _json_error(f"too many requests: {n} in flight and {q} waiting", BODY_TYPES[QUEUE_FULL], 429))
+    if maintenance_file:
+        add(f"backend {MAINTENANCE_BACKEND}", "http-request", "return", "status", "503", "content-type",
+            "application/json", "hdr", "Retry-After", ra, "hdr", REFUSAL_HEADER, MAINTENANCE, "string",
+            _json_error(MESSAGES[MAINTENANCE], BODY_TYPES[MAINTENANCE], 503))
+    m = "frontend pdstack_metrics"
+    add(m, "bind", haproxy_address(fd["metrics_bind"], int(fd["metrics_port"])))
+    add(m, "no", "log")
+    add(m, "http-request", "use-service", "prometheus-exporter", "if", "{", "path", "/metrics", "}")
+    add(m, "http-request", "return", "status", "200", "content-type", "text/plain", "string", "ok",
+        "if", "{", "path", "/health", "}")
+    add(m, "http-request", "return", "status", "404")
+    return out
+
+
+def header(fd: dict[str, Any]) -> list[str]:
+    n, q, t = int(fd["max_concurrent_requests"]), int(fd["queue_size"]), int(fd["queue_timeout_secs"])
+    return ["pdstack front door: admission control in front of sglang-router (pdstack/controller/render/frontdoor.py).",
+            f"{'at most ' + str(n) + ' in flight to the router, ' + str(q) + ' waiting' if n > 0 else 'admission off'}"
+            f"; beyond: 429 + Retry-After; queued over {t} s: 503 + Retry-After."]
+
+
 def haproxy_config(fd: dict[str, Any], *, log: str = "/dev/log local0", api_key_file: str | None = None,
                    stats_socket: str | None = RUNTIME_SOCKET, user: str | None = None,
                    chroot: str | None = None, maintenance_file: str | None = MAINTENANCE_FILE) -> str:
@@ -85,106 +175,11 @@ def haproxy_config(fd: dict[str, Any], *, log: str = "/dev/log local0", api_key_
     a line (requests without one of them get 401; read at start, before HAProxy drops privileges);
     `stats_socket`: the runtime API socket (None: none); `user`/`chroot`: as Debian's own haproxy.cfg
     (haproxy, /var/lib/haproxy; Debian's unit bind-mounts /dev/log there); `maintenance_file`: the ACL pattern file
-    of the maintenance switch (it must exist, empty; read at start, before the chroot; None: no switch)."""
-    n, q, t = int(fd["max_concurrent_requests"]), int(fd["queue_size"]), int(fd["queue_timeout_secs"])
-    ra = int(fd["retry_after_secs"])
-    up = f"srv_is_up({BACKEND}/{SERVER})"
-    idle = int(fd["idle_timeout_secs"])
-    out = [
-        "# pdstack front door: admission control in front of sglang-router (pdstack/controller/render/frontdoor.py).",
-        f"# {'at most ' + str(n) + ' in flight to the router, ' + str(q) + ' waiting' if n > 0 else 'admission off'}"
-        f"; beyond: 429 + Retry-After; queued over {t} s: 503 + Retry-After.",
-        "global",
-        f"    log {log}",
-        # one thread: the refusal ACLs and the enqueue run in one stream pass, so N + Q is exact (a thread handles
-        # far more requests/s than an LLM deployment serves)
-        "    nbthread 1",
-        f"    maxconn {int(fd['max_connections'])}",
-        f"    hard-stop-after {int(fd['hard_stop_after_secs'])}s",
-    ]
-    if chroot:
-        out.append(f"    chroot {chroot}")
-    if user:
-        out += [f"    user {user}", f"    group {user}"]
-    if stats_socket:
-        out.append(f"    stats socket {stats_socket} mode 660 level admin")
-    out += [
-        "",
-        "defaults",
-        "    mode http",
-        "    log global",
-        "    option httplog",
-        "    option dontlognull",
-        "    option http-no-delay",
-        "    option abortonclose",
-        "    timeout connect 5s",
-        f"    timeout queue {t}s",
-        f"    timeout client {idle}s",
-        f"    timeout server {idle}s",
-        "    timeout http-request 30s",
-        "    timeout http-keep-alive 10s",
-        "",
-        f"frontend {FRONTEND}",
-        f"    bind {fd['bind']}:{int(fd['port'])}",
-    ]
-    if api_key_file:
-        out += [f"    http-request return status 401 content-type application/json string "
-                f"'{_json_error('missing or wrong API key (Authorization: Bearer KEY)', 'authentication_error', 401)}'"
-                f" unless {{ req.hdr(authorization) -m str -f {api_key_file} }}"]
-    if maintenance_file:
-        # a planned restart of the only server of a role (roles/serving): new requests get 503 at once, while the
-        # ones already in flight or queued finish
-        out += [f"    acl pdstack_maintenance str({MAINTENANCE_ON}) -m str -f {maintenance_file}",
-                f"    use_backend {MAINTENANCE_BACKEND} if pdstack_maintenance"]
-    if n > 0:
-        out += [f"    acl pdstack_slots_full srv_conn({BACKEND}/{SERVER}) ge {n}",
-                f"    acl pdstack_queue_full queue({BACKEND}) ge {q}",
-                f"    use_backend {REFUSE_BACKEND} if pdstack_slots_full pdstack_queue_full"]
-    out += [f"    default_backend {BACKEND}", ""]
-    out += [
-        f"backend {BACKEND}",
-        "    option httpchk GET /liveness",
-        "    http-check expect status 200",
-        # HAProxy's own 503s carry Retry-After and say why: the router is down (its health check failed, or a
-        # connection to it failed: `observe layer4` marks it down at the first refused connection, so the answer
-        # after HAProxy's retries already knows), else a waiter's queue timeout. One http-error serves both, so
-        # its header and body pick by the server's state (log-format, iif).
-        f"    http-error status 503 content-type application/json hdr Retry-After {ra} "
-        f"hdr {REFUSAL_HEADER} %[{up},iif({QUEUE_TIMEOUT},{ROUTER_DOWN})] lf-string "
-        f"'{_json_error_lf(up)}'",
-        # the router's own 503s (no healthy worker) carry Retry-After too
-        f"    http-response set-header Retry-After {ra} if {{ status 503 }} !{{ res.hdr(retry-after) -m found }}",
-        f"    server {SERVER} {fd['backend_address']}:{int(fd['backend_port'])}"
-        + (f" maxconn {n} maxqueue {max(q, 1)}" if n > 0 else "")
-        + " check inter 2s fall 2 rise 1 observe layer4 error-limit 1 on-error mark-down",
-        "",
-    ]
-    if n > 0:
-        out += [
-            f"backend {REFUSE_BACKEND}",
-            f"    http-request return status 429 content-type application/json hdr Retry-After {ra} "
-            f"hdr {REFUSAL_HEADER} {QUEUE_FULL} string "
-            f"'{_json_error(f'too many requests: {n} in flight and {q} waiting', BODY_TYPES[QUEUE_FULL], 429)}'",
-            "",
-        ]
-    if maintenance_file:
-        out += [
-            f"backend {MAINTENANCE_BACKEND}",
-            f"    http-request return status 503 content-type application/json hdr Retry-After {ra} "
-            f"hdr {REFUSAL_HEADER} {MAINTENANCE} string "
-            f"'{_json_error(MESSAGES[MAINTENANCE], BODY_TYPES[MAINTENANCE], 503)}'",
-            "",
-        ]
-    out += [
-        "frontend pdstack_metrics",
-        f"    bind {fd['metrics_bind']}:{int(fd['metrics_port'])}",
-        "    no log",
-        "    http-request use-service prometheus-exporter if { path /metrics }",
-        "    http-request return status 200 content-type text/plain string ok if { path /health }",
-        "    http-request return status 404",
-        "",
-    ]
-    return "\n".join(out)
+    of the maintenance switch (it must exist, empty; read at start, before the chroot; None: no switch).
+    Raises EncodeError (a ValueError) for a setting haproxy.cfg cannot carry (frontdoor_check names them first)."""
+    directives = haproxy_directives(fd, log=log, api_key_file=api_key_file, stats_socket=stats_socket, user=user,
+                                    chroot=chroot, maintenance_file=maintenance_file)
+    return haproxy_text(directives, header(fd))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,9 +195,14 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"ACL pattern file of the maintenance switch (default {MAINTENANCE_FILE}; '' for none)")
     a = ap.parse_args(argv)
     plan = json.loads(sys.stdin.read() if a.plan == "-" else Path(a.plan).read_text())
-    sys.stdout.write(haproxy_config(plan["router"]["frontdoor"], log=a.log, api_key_file=a.api_key_file,
-                                    stats_socket=a.stats_socket or None, user=a.user, chroot=a.chroot,
-                                    maintenance_file=a.maintenance_file or None))
+    try:
+        text = haproxy_config(plan["router"]["frontdoor"], log=a.log, api_key_file=a.api_key_file,
+                              stats_socket=a.stats_socket or None, user=a.user, chroot=a.chroot,
+                              maintenance_file=a.maintenance_file or None)
+    except EncodeError as e:  # make_plan refuses these first; a hand-edited plan.json lands here
+        print(f"frontdoor: haproxy.cfg cannot carry a setting of the plan's router.frontdoor: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
     return 0
 
 

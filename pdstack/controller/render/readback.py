@@ -66,6 +66,51 @@ def argv_problems(parser, what: str, owned_argv: list[str], extra: dict[str, Any
     return out
 
 
+def server_settings_problems(plan: Plan) -> list[str]:
+    """Each server's argv, read by SGLang's parser, listens where the plan says and is the role it says."""
+    out = []
+    for s in plan.servers:
+        try:
+            ns = vars(flags.sglang_parser().parse_args(s.flags))
+        except flags.Rejected as e:
+            out.append(f"server {s.name}: SGLang's parser refuses the rendered argv: {e}")
+            continue
+        want = {"host": "0.0.0.0", "port": s.ports["http"], "disaggregation_mode": s.role}
+        if s.role == "prefill":
+            want["disaggregation_bootstrap_port"] = s.ports["bootstrap"]
+        for dest, v in want.items():
+            if ns.get(dest) != v:
+                out.append(f"server {s.name}: the argv reads back {dest} = {ns.get(dest)!r}, not the plan's {v!r}: "
+                           "a value in extra_args reads as a flag; write each flag as its own extra_args key")
+    return out
+
+
+def router_settings_problems(plan: Plan) -> list[str]:
+    """The router's argv, read by sglang-router's parser, names exactly the plan's workers, host and ports."""
+    r = plan.router
+    try:
+        ns = vars(flags.router_parser().parse_args(r.flags))
+    except flags.Rejected as e:
+        return [f"pdstack_router: the router's parser refuses the rendered argv: {e}"]
+    got_p = [tuple(map(str, x)) for x in ns.get("prefill") or []]
+    got_d = [tuple(map(str, x)) for x in ns.get("decode") or []]
+    want_p = [(w["url"], str(w["bootstrap_port"])) for w in r.prefill]
+    want_d = [(w["url"],) for w in r.decode]
+    out = []
+    for what, got, want in (("prefill", got_p, want_p), ("decode", got_d, want_d)):
+        if sorted(got) != sorted(want):
+            extra = sorted(set(got) - set(want))
+            out.append(f"pdstack_router: the router's argv reads back {what} workers {got}, not the plan's {want}"
+                       + (f" ({extra} outside the inventory: a value in pdstack_router.extra_args reads as a flag)"
+                          if extra else ""))
+    for dest, v in (("host", "127.0.0.1"), ("port", r.internal_port), ("prometheus_port", r.prometheus_port),
+                    ("worker_urls", [])):
+        if ns.get(dest) != v:
+            out.append(f"pdstack_router: the router's argv reads back {dest} = {ns.get(dest)!r}, not the plan's "
+                       f"{v!r}: a value in pdstack_router.extra_args reads as a flag")
+    return out
+
+
 def plan_problems(plan: Plan, dep: Deployment) -> list[str]:
     """Every rendered argv of the plan read back through its upstream parser."""
     out = []
@@ -82,4 +127,5 @@ def plan_problems(plan: Plan, dep: Deployment) -> list[str]:
     out += argv_problems(rp, "pdstack_router (sglang-router 0.3.2 reads its argv back)", owned,
                          dep.router["extra_args"], plan.router.flags,
                          ["--pd-disaggregation", "--prefill", "http://x:1", "--decode", "http://y:1"])
-    return out
+    # and what matters most, compared directly: no worker, host or port but the plan's
+    return out + server_settings_problems(plan) + router_settings_problems(plan)

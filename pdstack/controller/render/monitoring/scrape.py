@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pdstack.controller.load import rules
+from pdstack.controller.render.encoders import prom_labels
 from pdstack.hostside.facts import parse_cpulist
 
 # Ports of the exporters on every host: their roles' defaults (the one source; the plan carries the ones a
@@ -85,12 +86,14 @@ def textfile_metrics(plan: dict[str, Any], host: str, facts: dict[str, Any] | No
     if servers:
         lines += ["# HELP pdstack_server_info A pdstack server on this host, its role and NUMA node.",
                   "# TYPE pdstack_server_info gauge"]
-        lines += [f'pdstack_server_info{{server="{s["name"]}",role="{s["role"]}",numa_node="{s["numa_node"]}",'
-                  f'gpus="{",".join(map(str, s["gpus"]))}"}} 1' for s in servers]
+        lines += ["pdstack_server_info" + prom_labels({"server": s["name"], "role": s["role"],
+                                                      "numa_node": s["numa_node"],
+                                                      "gpus": ",".join(map(str, s["gpus"]))}) + " 1" for s in servers]
         lines += ["# HELP pdstack_hicache_host_budget_bytes HiCache host memory budget of a server (0: HiCache off).",
                   "# TYPE pdstack_hicache_host_budget_bytes gauge"]
         for s in servers:
             gb = s["hicache"]["host_budget_gb"] if s["hicache"]["enabled"] else 0
-            lines.append(f'pdstack_hicache_host_budget_bytes{{server="{s["name"]}",numa_node="{s["numa_node"]}"}} '
-                         f"{int(gb * 2**30)}")
+            lines.append("pdstack_hicache_host_budget_bytes" + prom_labels({"server": s["name"],
+                                                                            "numa_node": s["numa_node"]})
+                         + f" {int(gb * 2**30)}")
     return "\n".join(lines) + "\n"
