@@ -94,7 +94,11 @@ def _extra_arg_problems(parser, where: str, key: str, value: Any, owned: dict, r
     if path_valued and isinstance(value, str):
         out.extend(_path_problems(path, key, value, model_path if what.startswith("SGLang") else None,
                                   at_file="config" in a.dest))
-    for word in flags.render_value(value, a):
+    try:
+        words = flags.render_value(value, a, key)
+    except flags.Unrenderable as e:  # the argv encoder refuses it: name it here, with the rest of the problems
+        return [*out, f"{path}: {str(e).split(': ', 1)[1]}"]
+    for word in words:
         if msg := rules.unit_value_problem(word):
             out.append(f"{path}: {msg}; change the value"
                        + (" (JSON is written compactly, but strings inside it must not hold spaces)"

@@ -268,7 +268,10 @@ def _pd_agreement_problems(dep: Deployment, servers, p: list[str]) -> None:
             for key, v in s["extra_args"].items():
                 a = flags.action_for(parser, f"--{key}")
                 if a is not None and a.dest == dest and v is not None and v is not False:
-                    return " ".join(flags.render_value(v, a)) if v is not True else "on"
+                    try:
+                        return " ".join(flags.render_value(v, a)) if v is not True else "on"
+                    except flags.Unrenderable:  # refused per server already
+                        return repr(v)
             return "default"
         differ(f"--{flag} (extra_args)", f"set extra_args.{flag} to the same value on every prefill and decode "
                "server (or on none)", value)
