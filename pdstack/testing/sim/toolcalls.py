@@ -6,8 +6,8 @@ DSML markup for them. Conventions (README.md, "The model: tool calls"):
     several invokes in one `tool_calls` block). Without such a phrase: one call of the first offered tool named
     anywhere in the turn, else of the first offered tool.
   * `key=VALUE` gives an argument: VALUE is JSON when it starts with `{`, `[` or `"` (objects, arrays, strings with
-    spaces or any characters), else the run of characters up to a space, `,` or `;`, without a sentence's final
-    `.`, `!` or `?` ("days=5." gives 5). A pair belongs to the call whose phrase comes before it; pairs before the
+    spaces or any characters), else the run of characters up to a space, `,` or `;`, without a clause's final
+    `.`, `!`, `?` or `:` ("days=5." gives 5). A pair belongs to the call whose phrase comes before it; pairs before the
     first phrase are shared by every call.
   * arguments: the schema's required ones, plus the optional ones the turn gives (a schema without `required`: all);
     a missing value is a deterministic one of the property's type.
@@ -28,7 +28,7 @@ DSML = "｜DSML｜"
 FILLER = ("river", "mountain", "forest", "garden", "window", "morning", "evening", "ocean", "island", "valley")
 _KEY_RE = re.compile(r"(?<![\w.\-/])(?P<key>[A-Za-z_]\w*)=")
 _TOKEN_RE = re.compile(r"[^\s,;]+")
-_SENTENCE_END = ".!?"
+_SENTENCE_END = ".!?:"
 _DECODER = json.JSONDecoder()
 
 
