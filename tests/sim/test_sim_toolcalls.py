@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from pdstack.controller.gates import tool_cases
-from pdstack.testing.sim import model, toolcalls
+from pdstack.testing.sim import model, parsing, toolcalls
 from pdstack.testing.sim.config import SimConfig
 from pdstack.testing.sim.engine import Engine
 from pdstack.testing.sim.faults import Faults
@@ -140,3 +140,26 @@ def test_a_seven_argument_call_without_max_tokens_ends_by_itself():
     assert why == "stop" and n > 128
     assert calls_of("".join(pieces)) == [("seven", {f"a{i}": f"value{i}" for i in range(7)})]
 
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ({"tool_choice": "required"}, "Tools cannot be empty if tool choice is set to required."),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+     "Tools cannot be empty if tool choice is set to a specific tool."),
+    ({"tools": [tool_cases.TOOL], "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+     "Tool 'get_time' not found in tools list."),
+    ({"tools": [tool_cases.TOOL], "tool_choice": "sometimes"}, "tool_choice must be"),
+    ({"tools": [tool_cases.TOOL], "tool_choice": {"type": "function"}}, "want {'type': 'function'"),
+])
+def test_a_tool_choice_the_tools_cannot_honour_gets_sglangs_message(body, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        parsing.tool_choice(body)
+
+
+def test_tool_choice_defaults_and_the_tools_the_prompt_shows():
+    tools = [tool_cases.TOOL, tool_cases.TIME_TOOL]
+    assert parsing.tool_choice({}) == "none" and parsing.tool_choice({"tools": tools}) == "auto"
+    assert parsing.prompt_tools({"tools": tools}, "none") is None
+    assert parsing.prompt_tools({"tools": tools}, "auto") == tools == parsing.prompt_tools({"tools": tools}, "required")
+    named = parsing.tool_choice({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "get_time"}}})
+    assert parsing.prompt_tools({"tools": tools}, named) == [tool_cases.TIME_TOOL]
