@@ -246,6 +246,7 @@ def run_tool_gate(url: str, *, model: str = "default", reasoning: bool = True, t
         for lim in KNOWN_UPSTREAM:
             for stream in (False, True):
                 problem = attempt(case_check(lim.case, stream))
+                problem = problem and problem.replace(" (is --tool-call-parser on?)", "")  # it is: the checks passed
                 how = "streamed" if stream else "non-streamed"
                 found.append(Known(lim.name, problem is not None,
                                    f"{how}: {lim.effect}; seen: {problem}" if problem else
