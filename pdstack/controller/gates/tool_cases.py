@@ -39,7 +39,9 @@ NOTE_TOOL = {"type": "function", "function": {
 
 ASK = "Call get_weather for city=Zürich and days=5."
 ASK_NESTED = 'Call plan_trip with trip={"origin": "Genève", "stops": ["Bern", "Zürich"], "nights": 4}.'
-ASK_TWO = "Call get_weather for city=Paris and days=2. Then call get_time for timezone=Asia/Tokyo."
+# both in one answer: "then" would let a real model wait for the first result before the second call
+ASK_TWO = ("Make both calls at once, in one answer: call get_weather for city=Paris and days=2, and call get_time "
+           "for timezone=Asia/Tokyo.")
 WEATHER_CALL = ("get_weather", {"city": "Zürich", "days": 5})
 TRIP_CALL = ("plan_trip", {"trip": {"origin": "Genève", "stops": ["Bern", "Zürich"], "nights": 4}})
 TWO_CALLS = (("get_weather", {"city": "Paris", "days": 2}), ("get_time", {"timezone": "Asia/Tokyo"}))
