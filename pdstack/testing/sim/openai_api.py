@@ -42,6 +42,9 @@ class OpenAIRoutes:
                 # scheduler turns into "up to the context" (Engine.default_max_new_tokens)
                 max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
                 max_tokens = None if max_tokens is None else self._max_tokens(max_tokens, 0)
+                if max_tokens is not None and max_tokens > self.cfg.context_length:  # serving_chat._validate_request
+                    raise BadRequest(f"max_completion_tokens is too large: {max_tokens}.This model supports at most "
+                                     f"{self.cfg.context_length} completion tokens.")
             else:
                 prompt = body.get("prompt")
                 if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
