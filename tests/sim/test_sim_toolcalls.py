@@ -163,3 +163,12 @@ def test_tool_choice_defaults_and_the_tools_the_prompt_shows():
     assert parsing.prompt_tools({"tools": tools}, "auto") == tools == parsing.prompt_tools({"tools": tools}, "required")
     named = parsing.tool_choice({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "get_time"}}})
     assert parsing.prompt_tools({"tools": tools}, named) == [tool_cases.TIME_TOOL]
+
+
+def test_auto_calls_only_when_the_turn_names_a_tool_required_always_calls():
+    needle = "The secret code for Alice is 4821. What is the secret code for Alice?"
+    auto = ask(needle)
+    assert auto.kind == "needle_hit" and "DSML" not in auto.text  # tools offered, none asked for: text
+    assert ask("What does get_time say for timezone=UTC?").kind == "tool_call"  # a tool named: its call
+    forced = ask(needle, constraint=toolcalls.constraint_of("required"))
+    assert [n for n, _ in calls_of(forced.text)] == [FNS[0]["name"]]

@@ -1,10 +1,11 @@
 """The TEST ENGINE model's tool calls: which calls a user turn asks for, their argument values, and DeepSeek-V4's
-DSML markup for them. Conventions (README.md, "The model: tool calls"):
+DSML markup for them. Conventions (README.md, "The model: needle convention", its tools items):
 
   * `call NAME` (the word "call", any case, then an offered tool's name) asks for one call of NAME; several such
     phrases in one turn ask for several calls in one answer, in that order (DeepSeek-V4 emits parallel calls as
     several invokes in one `tool_calls` block). Without such a phrase: one call of the first offered tool named
-    anywhere in the turn, else of the first offered tool.
+    anywhere in the turn; a turn naming no tool gets no call ("auto": answered as without tools), or, when the
+    grammar allows only calls ("required"), a call of the first offered tool.
   * `key=VALUE` gives an argument: VALUE is JSON when it starts with `{`, `[` or `"` (objects, arrays, strings with
     spaces or any characters), else the run of characters up to a space, `,` or `;`, without a clause's final
     `.`, `!`, `?` or `:` ("days=5." gives 5). A pair belongs to the call whose phrase comes before it; pairs before the
@@ -77,8 +78,9 @@ def said_arguments(text: str) -> tuple[list[tuple[int, str, object]], list[tuple
     return pairs, spans
 
 
-def plan_calls(content: str, fns: list[dict]) -> list[tuple[dict, dict]]:
-    """[(function, {key: said value})] for the calls a user turn asks for (the conventions above)."""
+def plan_calls(content: str, fns: list[dict], forced: bool = False) -> list[tuple[dict, dict]]:
+    """[(function, {key: said value})] for the calls a user turn asks for (the conventions above); `forced` (the
+    grammar allows only calls): a turn that names no tool still gets a call of the first."""
     pairs, spans = said_arguments(content)
     by_name = {f["name"]: f for f in fns}
     names = sorted(by_name, key=len, reverse=True)
@@ -86,8 +88,8 @@ def plan_calls(content: str, fns: list[dict]) -> list[tuple[dict, dict]]:
     inside = lambda i: any(a <= i < b for a, b in spans)  # noqa: E731 (a phrase inside a JSON value is not one)
     starts = [(m.start(), by_name[m.group(1)]) for m in phrase.finditer(content) if not inside(m.start())]
     if not starts:
-        named = [f for f in fns if re.search(r"\b" + re.escape(f["name"]) + r"\b", content)]
-        return [((named or fns)[0], {k: v for _, k, v in pairs})]
+        named = [f for f in fns if re.search(r"\b" + re.escape(f["name"]) + r"\b", content)] or fns[:forced]
+        return [(named[0], {k: v for _, k, v in pairs})] if named else []
     shared = {k: v for p, k, v in pairs if p < starts[0][0]}
     out = []
     for i, (at, fn) in enumerate(starts):
@@ -215,7 +217,7 @@ def markup(calls: list[tuple[str, dict]], schemas: dict[str, dict], malformed: b
 def answer_calls(fns: list[dict], content: str, seed: str, constraint: Constraint | None,
                  garble_arg: bool = False) -> list[tuple[str, dict]]:
     """The calls the model makes for a user turn `content` with `fns` offered (and the grammar's constraint)."""
-    planned = plan_calls(content, fns)
+    planned = plan_calls(content, fns, forced=constraint is not None)
     if constraint is not None and constraint.mode == "named":
         fn = next((f for f in fns if f["name"] == constraint.name), None)
         if fn is None:
