@@ -90,6 +90,8 @@ class ChatParsing:
                              tool_choice=choice["function"] if isinstance(choice, dict) else choice)
 
     def _call_id(self, index: int) -> str:
+        """serving_chat.py _process_tool_call_id (every parser but kimi_k2/kimi_k3): a fresh uuid per call; streamed,
+        only the call's first delta (the one with its name) carries it."""
         return self._ids.setdefault(index, f"call_{uuid.uuid4().hex[:24]}")
 
     # ---- whole text (non-stream)
