@@ -1,5 +1,5 @@
 """`pdstack smoke`'s agent gates end to end: sim workers (SGLang's own parsers) behind the real sglang-router.
-The phase fails naming the gate and why: parsers off, malformed tool arguments, stale KV under churn."""
+The phase fails naming the gate and why: parsers off, malformed or garbled tool arguments, stale KV under churn."""
 
 from __future__ import annotations
 
@@ -61,6 +61,11 @@ def test_agent_gates_pass_then_each_fault_fails_its_gate(tmp_path, capsys):
                 assert text in out, (text, out)
 
         fails_only("tools", "malformed_tool_args", "--no-churn", "FAIL (tools)", "do not match the get_weather schema")
+        fails_only("tools", "garble_tool_arg", "--no-churn", "FAIL (tools)",
+                   "get_weather.city: got 'zürich', want 'Zürich'")
+        tools = json.loads((tmp_path / "ok" / "tools.json").read_text())
+        assert [k["name"] for k in tools["known_upstream"]] == ["dsml_closing_tag_in_argument"] * 2
+        assert all(k["reproduced"] for k in tools["known_upstream"]) and "known upstream limitation" in tools["message"]
         fails_only("churn", "stale_kv", "--no-tools", "answers changed under churn", "vs under churn")
 
 

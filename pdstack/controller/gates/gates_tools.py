@@ -1,10 +1,12 @@
-"""The tool-call gate of `pdstack smoke`: a function-call round trip through the router, as an agent client does it.
+"""The tool-call gate of `pdstack smoke`: what agent clients do with tools, through the router, streamed and not.
 
-Turn 1 (non-streamed, then streamed) offers one tool and asks for it: finish_reason must be `tool_calls`, the call
-must name the tool, and its arguments must parse as JSON and match the tool's schema (jsonschema). Turn 2 sends the
-tool's result back: the answer must be plain content (finish_reason `stop`, no tool call, no raw DSML or think tags).
-With the reasoning parser on, a thinking request (chat_template_kwargs {"thinking": true}, DeepSeek-V4's switch)
-must come back with `reasoning_content` apart from `content`, streamed and not.
+Each case of tool_cases.CASES (exact argument values: non-ASCII text, a non-default integer at a sentence's end, an
+object holding an array; two calls in one answer with distinct ids; tool_choice "none" -> plain text without markup,
+a named function -> exactly that call, "required" -> a call even after a tool result) runs non-streamed and streamed
+(the deltas assembled as a client does). The round trip sends turn 1's call and the tool's result back: the answer
+must be plain content. With the reasoning parser on, a thinking request (chat_template_kwargs {"thinking": true},
+DeepSeek-V4's switch) must come back with `reasoning_content` apart from `content`, streamed and not. Known upstream
+limitations (tool_cases.KNOWN_UPSTREAM) are probed and reported in `known`, never failing the gate.
 """
 
 from __future__ import annotations
@@ -15,21 +17,12 @@ import time
 import urllib.parse
 from dataclasses import asdict, dataclass, field
 
-import jsonschema
+from pdstack.controller.gates import apikey, tool_cases
+from pdstack.controller.gates.tool_cases import ASK, CASES, KNOWN_UPSTREAM, MARKUP, TOOL, TOOL_RESULT, Case
 
-from pdstack.controller.gates import apikey
-
-TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather of a city, for a number of days.",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "description": "city name"},
-        "days": {"type": "integer", "minimum": 1, "maximum": 14, "description": "days of forecast"}},
-        "required": ["city", "days"], "additionalProperties": False}}}
-ASK = "Call get_weather for city=Paris and days=3."
-TOOL_RESULT = "sunny, 21 C"
 THINK_QUESTION = "The secret code for Alice is 4821. What is the secret code for Alice?"
-MARKUP = ("｜DSML｜", "<think>", "</think>")
 THINK_MAX_TOKENS = 2048
+__all__ = ["ASK", "MARKUP", "TOOL", "TOOL_RESULT", "ToolGateResult", "check_tool_call", "run_tool_gate"]
 
 
 class GateHTTPError(Exception):
@@ -104,23 +97,17 @@ def chat(url: str, body: dict, timeout: float, stream: bool, headers: dict[str, 
 
 
 def check_tool_call(msg: dict, tool: dict = TOOL) -> tuple[str | None, dict | None]:
-    """(problem or None, the parsed arguments) of a turn that must be a call of `tool`."""
-    fn = tool["function"]
-    if msg.get("finish_reason") != "tool_calls" or not msg.get("tool_calls"):
-        return (f"finish_reason {msg.get('finish_reason')!r} with no tool_calls (want tool_calls); content: "
-                f"{(msg.get('content') or '')[:200]!r} (is --tool-call-parser on?)"), None
-    call = msg["tool_calls"][0]["function"]
-    if call.get("name") != fn["name"]:
-        return f"called {call.get('name')!r}, want {fn['name']!r}", None
+    """(problem or None, the parsed arguments) of a turn that must be one schema-valid call of `tool`."""
+    case = Case("tool_call", "", (tool,), any_call=True)
+    problem = tool_cases.check(msg, case)
+    calls = msg.get("tool_calls") or []
+    if problem is None and calls[0]["function"].get("name") != tool["function"]["name"]:
+        problem = f"called {calls[0]['function'].get('name')!r}, want {tool['function']['name']!r}"
     try:
-        args = json.loads(call.get("arguments") or "")
-    except ValueError as e:
-        return f"arguments are not JSON ({e}): {call.get('arguments')!r}", None
-    try:
-        jsonschema.validate(args, fn["parameters"])
-    except jsonschema.ValidationError as e:
-        return f"arguments {call.get('arguments')} do not match the {fn['name']} schema: {e.message}", args
-    return None, args
+        args = json.loads(calls[0]["function"].get("arguments") or "") if calls else None
+    except ValueError:
+        args = None
+    return problem, args
 
 
 def _markup(text: str | None) -> str | None:
@@ -136,64 +123,88 @@ class Check:
 
 
 @dataclass
+class Known:
+    """A known upstream limitation as probed: `reproduced` False means upstream may have fixed it."""
+
+    name: str
+    reproduced: bool
+    detail: str
+    upstream: str
+
+
+@dataclass
 class ToolGateResult:
     passed: bool
     checks: list[Check] = field(default_factory=list)
     seconds: float = 0.0
     refused: str | None = None  # the front door refused the API key: that, not the checks, is the message
+    known: list[Known] = field(default_factory=list)
 
     @property
     def message(self) -> str:
         if self.refused:
             return self.refused
         bad = [c for c in self.checks if not c.passed]
-        if not bad:
-            return f"{len(self.checks)} checks passed ({', '.join(c.name for c in self.checks)})"
-        return "; ".join(f"{c.name}: {c.detail}" for c in bad)
+        if bad:
+            return "; ".join(f"{c.name}: {c.detail}" for c in bad)
+        msg = f"{len(self.checks)} checks passed ({', '.join(c.name for c in self.checks)})"
+        seen = [k.name for k in self.known if k.reproduced]
+        fixed = [k.name for k in self.known if not k.reproduced]
+        if seen:
+            msg += f"; known upstream limitation reproduced, not a failure: {', '.join(sorted(set(seen)))}"
+        if fixed:
+            msg += (f"; known upstream limitation NOT reproduced (fixed upstream? move it to the checks): "
+                    f"{', '.join(sorted(set(fixed)))}")
+        return msg
 
     def to_dict(self) -> dict:
         return {"passed": self.passed, "seconds": self.seconds, "message": self.message,
-                "checks": [asdict(c) for c in self.checks]}
+                "checks": [asdict(c) for c in self.checks], "known_upstream": [asdict(k) for k in self.known]}
 
 
 def run_tool_gate(url: str, *, model: str = "default", reasoning: bool = True, timeout: float = 120.0,
-                  max_tokens: int = 512, headers: dict[str, str] | None = None) -> ToolGateResult:
-    """`headers`: sent with every request (the front door's API key, apikey.py)."""
+                  max_tokens: int = 512, headers: dict[str, str] | None = None, known: bool = True
+                  ) -> ToolGateResult:
+    """`headers`: sent with every request (the front door's API key, apikey.py). `known`: probe the known upstream
+    limitations too (reported in the result's `known`, never failing it)."""
     t0 = time.monotonic()
     checks: list[Check] = []
     refused: list[str] = []
     base = {"model": model, "temperature": 0, "max_tokens": max_tokens}
-    ask = [{"role": "user", "content": ASK}]
+
+    def attempt(fn) -> str | None:
+        try:
+            return fn()
+        except ApiKeyRefused as e:
+            refused.append(str(e))
+            return str(e)
+        except (GateHTTPError, OSError, ValueError, KeyError, IndexError, TypeError) as e:
+            return f"{type(e).__name__}: {e}"
 
     def run(name: str, fn) -> None:
         t = time.monotonic()
-        try:
-            problem = fn()
-        except ApiKeyRefused as e:
-            problem = str(e)
-            refused.append(problem)
-        except (GateHTTPError, OSError, ValueError, KeyError, IndexError, TypeError) as e:
-            problem = f"{type(e).__name__}: {e}"
+        problem = attempt(fn)
         checks.append(Check(name, problem is None, problem or "ok", round(time.monotonic() - t, 3)))
 
     first: dict = {}
 
-    def turn1(stream: bool):
+    def case_check(case: Case, stream: bool):
         def go():
-            msg = chat(url, {**base, "messages": ask, "tools": [TOOL]}, timeout, stream, headers)
-            problem, _ = check_tool_call(msg)
-            if problem is None and not stream:
+            msg = chat(url, case.body(base), timeout, stream, headers)
+            problem = tool_cases.check(msg, case)
+            if problem is None and case.name == "tool_call" and not stream:
                 first.update(msg)
             return problem
         return go
 
     def turn2():
         if not first:
-            return "skipped: turn 1 gave no tool call"
+            return "skipped: turn 1 (tool_call) gave no good tool call"
         call = first["tool_calls"][0]
-        messages = [*ask, {"role": "assistant", "content": first.get("content") or "", "tool_calls": [
-            {"id": call["id"], "type": "function", "function": call["function"]}]},
-            {"role": "tool", "tool_call_id": call["id"], "content": TOOL_RESULT}]
+        messages = [{"role": "user", "content": ASK}, {"role": "assistant", "content": first.get("content") or "",
+                                                       "tool_calls": [{"id": call["id"], "type": "function",
+                                                                       "function": call["function"]}]},
+                    {"role": "tool", "tool_call_id": call["id"], "content": TOOL_RESULT}]
         msg = chat(url, {**base, "messages": messages, "tools": [TOOL]}, timeout, False, headers)
         if msg.get("tool_calls") or msg.get("finish_reason") != "stop":
             return (f"finish_reason {msg.get('finish_reason')!r}, tool_calls {msg.get('tool_calls')!r}; "
@@ -220,11 +231,25 @@ def run_tool_gate(url: str, *, model: str = "default", reasoning: bool = True, t
             return None
         return go
 
-    run("tool_call", turn1(False))
-    run("tool_call_stream", turn1(True))
-    run("tool_result_turn", turn2)
-    if reasoning:
-        run("reasoning", think(False))
-        run("reasoning_stream", think(True))
+    for case in CASES:
+        run(case.name, case_check(case, False))
+        run(case.name + "_stream", case_check(case, True))
+        if refused:
+            break
+    if not refused:
+        run("tool_result_turn", turn2)
+        if reasoning:
+            run("reasoning", think(False))
+            run("reasoning_stream", think(True))
+    found: list[Known] = []
+    if known and not refused and all(c.passed for c in checks):
+        for lim in KNOWN_UPSTREAM:
+            for stream in (False, True):
+                problem = attempt(case_check(lim.case, stream))
+                problem = problem and problem.replace(" (is --tool-call-parser on?)", "")  # it is: the checks passed
+                how = "streamed" if stream else "non-streamed"
+                found.append(Known(lim.name, problem is not None,
+                                   f"{how}: {lim.effect}; seen: {problem}" if problem else
+                                   f"{how}: the call came back intact", lim.upstream))
     return ToolGateResult(all(c.passed for c in checks), checks, round(time.monotonic() - t0, 3),
-                          refused[0] if refused else None)
+                          refused[0] if refused else None, found)

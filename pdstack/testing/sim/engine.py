@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
-from pdstack.testing.sim import model
+from pdstack.testing.sim import model, toolcalls
 from pdstack.testing.sim.bootstrap import BootstrapClient, BootstrapFailed, RoomRegistry, TransferFailed
 from pdstack.testing.sim.config import Role, SimConfig
 from pdstack.testing.sim.faults import Faults
@@ -51,12 +51,13 @@ class SimAbort(Exception):
 class GenRequest:
     rid: str
     prompt: str
-    max_new_tokens: int
+    max_new_tokens: int | None  # None (chat without max_tokens): up to the context, as SGLang's scheduler computes it
     stream: bool = False
     ignore_eos: bool = False
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
+    tool_constraint: toolcalls.Constraint | None = None  # what SGLang's tool-call grammar forces (tool_choice)
     created: float = field(default_factory=time.monotonic)
 
 
@@ -209,7 +210,12 @@ class Engine:
         cfg = self.cfg
         prompt_ids = model.tokenize(req.prompt)
         n_prompt = len(prompt_ids)
-        if n_prompt + req.max_new_tokens > cfg.context_length:
+        if n_prompt >= cfg.context_length:  # tokenizer_manager._validate_one_request, before the total check
+            raise self._abort(400, f"The input ({n_prompt} tokens) is longer than the model's context length "
+                                   f"({cfg.context_length} tokens).")
+        if req.max_new_tokens is None:
+            req.max_new_tokens = self.default_max_new_tokens(n_prompt)
+        elif n_prompt + req.max_new_tokens > cfg.context_length:
             raise self._abort(
                 400,
                 f"Requested token count exceeds the model's maximum context length of {cfg.context_length} tokens. "
@@ -250,10 +256,20 @@ class Engine:
         self.metrics.request_finished(req.stream, n_prompt, emitted, e2e)
         yield Finish(reason, n_prompt, emitted, cached, e2e)
 
+    def default_max_new_tokens(self, n_prompt: int) -> int:
+        """max_new_tokens of a request that sets none, as SGLang 0.5.23's Scheduler.init_req_max_new_tokens: 1 << 30
+        clipped to max_req_len - input_len - 1 (max_req_len = min(context_len, max_total_tokens) - 1, tp_worker.py),
+        then to the empty pool (allocator/base.py max_new_tokens_for_memory: capacity - paged input - a page - 1)."""
+        cfg = self.cfg
+        n = min(1 << 30, min(cfg.context_length, cfg.max_total_tokens) - 1 - n_prompt - 1)
+        paged = -(-n_prompt // PAGE_TOKENS) * PAGE_TOKENS
+        return max(0, min(n, cfg.max_total_tokens - paged - PAGE_TOKENS - 1))
+
     def _pieces(self, req: GenRequest, kv_prompt: str) -> tuple[list[str], str]:
         """What the model emits for `kv_prompt` (the prompt the KV holds: the request's own, unless stale)."""
         ans = model.answer(kv_prompt, self.cfg.recall_horizon, malformed_tool_args=self.faults.malformed_tool_args,
-                           leak_reasoning=self.faults.leak_reasoning)
+                           leak_reasoning=self.faults.leak_reasoning, constraint=req.tool_constraint,
+                           garble_tool_arg=self.faults.garble_tool_arg)
         return model.output_pieces(kv_prompt, ans, req.max_new_tokens, ignore_eos=req.ignore_eos)
 
     def _require_bootstrap(self, req: GenRequest) -> None:

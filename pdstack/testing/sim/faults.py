@@ -26,6 +26,8 @@ class Faults:
     health_status: int | None = None
     # tool calls come out with arguments that do not match the tool's schema (JSON values cut mid-token)
     malformed_tool_args: bool = False
+    # every tool call's first argument gets a wrong value of the right type (schema-valid: only exact checks see it)
+    garble_tool_arg: bool = False
     # a thinking answer closes its reasoning block before the reasoning, so the parser puts it in the content
     leak_reasoning: bool = False
     # decode: the pages of a request aborted while its KV was on the way (client gone mid-prefill / mid-transfer)
@@ -66,7 +68,7 @@ class Faults:
                 new[key] = default
                 continue
             if key in ("wedge_decode", "fail_transfer", "fail_bootstrap", "crash", "malformed_tool_args",
-                       "leak_reasoning", "stale_kv"):
+                       "garble_tool_arg", "leak_reasoning", "stale_kv"):
                 ok = isinstance(value, bool)
             elif key == "slow_prefill_s":
                 ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0

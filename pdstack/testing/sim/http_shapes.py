@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-DEFAULT_MAX_NEW_TOKENS = 128  # /generate (SGLang's default) and chat without max_tokens (SGLang: up to context)
+DEFAULT_MAX_NEW_TOKENS = 128  # /generate without max_new_tokens (SamplingParams); chat: Engine.default_max_new_tokens
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's and SGLang's default
 SHUTDOWN_GRACE_S = 0.5
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}

@@ -21,9 +21,11 @@ import re
 import string
 from dataclasses import dataclass
 
+from pdstack.testing.sim import toolcalls
 from pdstack.testing.sim.vocab import EOS_ID, PIECE_RE, TOKEN_RE, VOCAB, token_id
 
 NEEDLE_RE = re.compile(r"The secret code for (?P<key>[^.?\n]+?) is (?P<code>[^\s.]+)\.")
+CALL_RE = re.compile(r"\bcall\s+([A-Za-z_][\w.\-]*)", re.IGNORECASE)  # a turn asking for a tool call
 QUESTION_RE = re.compile(r"What is the secret code for (?P<key>[^.?\n]+?)\?")
 
 FILLER_WORDS = (
@@ -48,7 +50,7 @@ def pieces(text: str) -> list[str]:
 
 # DeepSeek-V4's output markup, as its chat template and SGLang 0.5.23's parsers spell it
 # (function_call/deepseekv4_detector.py, parser/reasoning_parser.py DSV4_*):
-DSML = "｜DSML｜"
+DSML = toolcalls.DSML
 THINK_START, THINK_END = "<think>", "</think>"
 TOOLS_PREFIX = "tools: "  # first prompt line when the request has tools: their JSON (sorted keys)
 REASONING_MARK = "Reasoning:"  # how the sim's reasoning text starts (tests and the leak fault look for it)
@@ -91,61 +93,19 @@ def _loads(args) -> dict:
 
 
 def tool_call_markup(calls: list[tuple[str, dict]], schemas: dict[str, dict], malformed: bool = False) -> str:
-    """DeepSeek-V4's tool-call block (DSML parameter tags; string="false" values are JSON).
-    `malformed` (the sim fault): every JSON-typed value is cut mid-token, and a tool whose arguments are all strings
-    loses its first required one, so the arguments no longer match the tool's schema."""
-    lines = ["", "", f"<{DSML}tool_calls>"]
-    for name, args in calls:
-        lines.append(f'<{DSML}invoke name="{name}">')
-        items = list(args.items())
-        if malformed and items and all(isinstance(v, str) for _, v in items):
-            required = (schemas.get(name) or {}).get("required") or [items[0][0]]
-            items = [(k, v) for k, v in items if k != required[0]]
-        for key, value in items:
-            if isinstance(value, str):
-                lines.append(f'<{DSML}parameter name="{key}" string="true">{value}</{DSML}parameter>')
-            else:
-                text = json.dumps(value, ensure_ascii=False)
-                if malformed:
-                    text = text[: max(1, len(text) - 1)] + ","
-                lines.append(f'<{DSML}parameter name="{key}" string="false">{text}</{DSML}parameter>')
-        lines.append(f"</{DSML}invoke>")
-    lines.append(f"</{DSML}tool_calls>")
-    return "\n".join(lines)
-
-
-_ARG_RE = re.compile(r"(?P<key>\w+)=(?P<value>[^\s,;]+)")
-
-
-def _argument(prop: str, spec: dict, said: dict[str, str], seed: str):
-    """A value of the property's JSON-schema type: `prop=VALUE` from the user's message, else a deterministic one."""
-    kind = spec.get("type", "string")
-    if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), "string")
-    if spec.get("enum"):
-        v = said.get(prop)
-        return next((e for e in spec["enum"] if str(e) == v), spec["enum"][0])
-    raw = said.get(prop)
-    if kind == "integer":
-        return int(raw) if raw is not None and raw.lstrip("-").isdigit() else 3
-    if kind == "number":
-        try:
-            return float(raw) if raw is not None else 1.5
-        except ValueError:
-            return 1.5
-    if kind == "boolean":
-        return raw.lower() == "true" if raw is not None else True
-    if kind == "array":
-        return []
-    if kind == "object":
-        return {}
-    if raw is not None:
-        return raw
-    return FILLER_WORDS[int.from_bytes(_digest("arg", seed, prop)[:4], "big") % len(FILLER_WORDS)]
+    """DeepSeek-V4's tool-call block (toolcalls.markup)."""
+    return toolcalls.markup(calls, schemas, malformed)
 
 
 def _chat_turns(prompt: str) -> tuple[list | None, str, str]:
     """(tools or None, last message's role, its content) of a prompt render_chat made."""
+    tools, turns = _turns(prompt)
+    role, content = turns[-1] if turns else ("", "")
+    return tools, role, content
+
+
+def _turns(prompt: str) -> tuple[list | None, list[tuple[str, str]]]:
+    """(tools or None, [(role, content)] of every message) of a prompt render_chat made."""
     tools = None
     body = prompt
     if prompt.startswith(TOOLS_PREFIX):
@@ -156,11 +116,10 @@ def _chat_turns(prompt: str) -> tuple[list | None, str, str]:
             tools = None
     end = body.rfind("\nassistant:")
     head = body[:end] if end >= 0 else body
-    turns = list(re.finditer(r"(?:^|\n)(?P<role>user|tool|system|assistant): ", head))
-    m = turns[-1] if turns else None
-    if m is None:
-        return tools, "", ""
-    return tools, m.group("role"), head[m.end():]
+    marks = list(re.finditer(r"(?:^|\n)(?P<role>user|tool|system|assistant): ", head))
+    turns = [(m.group("role"), head[m.end():(marks[i + 1].start() if i + 1 < len(marks) else len(head))])
+             for i, m in enumerate(marks)]
+    return tools, turns
 
 
 @dataclass(frozen=True)
@@ -207,16 +166,18 @@ def wrong_code(key: str, code: str) -> str:
     return wrong
 
 
-def answer(prompt: str, recall_horizon: int, malformed_tool_args: bool = False, leak_reasoning: bool = False
-           ) -> Answer:
+def answer(prompt: str, recall_horizon: int, malformed_tool_args: bool = False, leak_reasoning: bool = False,
+           constraint: toolcalls.Constraint | None = None, garble_tool_arg: bool = False) -> Answer:
     """The deterministic answer for a prompt. recall_horizon <= 0 means unlimited.
 
-    Chat prompts (render_chat): with tools and a user turn last, a DeepSeek-V4 tool call of the tool named in that
-    turn (else the first tool), arguments from its schema; with a tool result last, a plain sentence quoting it.
+    Chat prompts (render_chat): with tools and a user turn last, DeepSeek-V4 tool calls as that turn asks
+    (toolcalls.py conventions); with a tool result last, a plain sentence quoting it, or (tool_choice "required":
+    `constraint`) calls again as the last user turn asks. A user turn that asks to `call NAME` with no tools offered
+    (tool_choice "none": SGLang leaves the tools out of the prompt) gets a plain sentence saying so.
     A prompt that ends in `<think>` gets reasoning first, closed by `</think>` (the leak_reasoning fault closes the
     block before the reasoning instead, so a parser puts it in the content)."""
     thinking = prompt.endswith("assistant:" + THINK_START)
-    ans = _answer(prompt, recall_horizon, malformed_tool_args)
+    ans = _answer(prompt, recall_horizon, malformed_tool_args, constraint, garble_tool_arg)
     if not thinking:
         return ans
     tools, role, content = _chat_turns(prompt)
@@ -226,20 +187,18 @@ def answer(prompt: str, recall_horizon: int, malformed_tool_args: bool = False, 
     return Answer(text, ans.kind, ans.natural_end, ans.needle_distance)
 
 
-def _answer(prompt: str, recall_horizon: int, malformed_tool_args: bool) -> Answer:
-    tools, role, content = _chat_turns(prompt)
-    if tools and role == "user":
-        fns = [t.get("function", t) for t in tools if isinstance(t, dict)]
-        fns = [f for f in fns if isinstance(f, dict) and f.get("name")]
-        if fns:
-            fn = next((f for f in fns if f["name"] in content), fns[0])
-            params = fn.get("parameters") or {}
-            props = params.get("properties") or {}
-            said = {m.group("key"): m.group("value") for m in _ARG_RE.finditer(content)}
-            names = params.get("required") or list(props)
-            args = {k: _argument(k, props.get(k) or {}, said, prompt) for k in names}
-            markup = tool_call_markup([(fn["name"], args)], {fn["name"]: params}, malformed=malformed_tool_args)
-            return Answer(markup, "tool_call", True)
+def _answer(prompt: str, recall_horizon: int, malformed_tool_args: bool,
+            constraint: toolcalls.Constraint | None = None, garble_tool_arg: bool = False) -> Answer:
+    tools, turns = _turns(prompt)
+    role, content = turns[-1] if turns else ("", "")
+    fns = [t.get("function", t) for t in tools or [] if isinstance(t, dict)]
+    fns = [f for f in fns if isinstance(f, dict) and f.get("name")]
+    if fns and (role == "user" or (role == "tool" and constraint is not None)):
+        user = next((c for r, c in reversed(turns) if r == "user"), "")
+        calls = toolcalls.answer_calls(fns, user, prompt, constraint, garble_arg=garble_tool_arg)
+        if calls:
+            schemas = {f["name"]: f.get("parameters") or {} for f in fns}
+            return Answer(toolcalls.markup(calls, schemas, malformed=malformed_tool_args), "tool_call", True)
     if tools is not None and role == "tool":
         return Answer(f"The tool returned: {' '.join(content.split())[:200]}", "tool_result", True)
     questions = list(QUESTION_RE.finditer(prompt))
@@ -255,6 +214,8 @@ def _answer(prompt: str, recall_horizon: int, malformed_tool_args: bool) -> Answ
         if recall_horizon <= 0 or distance <= recall_horizon:
             return Answer(f"The secret code for {key} is {code}.", "needle_hit", True, distance)
         return Answer(f"The secret code for {key} is {wrong_code(key, code)}.", "needle_miss", True, distance)
+    if not fns and role == "user" and (asked := CALL_RE.search(content)):
+        return Answer(f"I have no tool named {asked.group(1)} to call, so I answer in text.", "no_tools", True)
     return Answer("", "filler", False)  # filler words are produced lazily by `output_pieces`
 
 

@@ -10,11 +10,10 @@ from http import HTTPStatus
 
 from aiohttp import web
 
-from pdstack.testing.sim import model, parsing
+from pdstack.testing.sim import model, parsing, toolcalls
 from pdstack.testing.sim.engine import Finish, GenRequest, SimAbort, Token
 from pdstack.testing.sim.http_shapes import (
     DEFAULT_COMPLETION_MAX_TOKENS,
-    DEFAULT_MAX_NEW_TOKENS,
     BadRequest,
     _error_body,
 )
@@ -34,11 +33,18 @@ class OpenAIRoutes:
                 messages = body.get("messages")
                 if not isinstance(messages, list) or not messages:
                     raise BadRequest("messages must be a non-empty list")
-                prompt = model.render_chat(messages, tools=body.get("tools") or None,
+                tool_choice = parsing.tool_choice(body)
+                prompt = model.render_chat(messages, tools=parsing.prompt_tools(body, tool_choice),
                                            thinking=parsing.thinking_requested(body))
                 chat_parsing = parsing.ChatParsing(body, self.tool_call_parser, self.reasoning_parser)
-                max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-                max_tokens = self._max_tokens(max_tokens, DEFAULT_MAX_NEW_TOKENS)
+                constraint = toolcalls.constraint_of(tool_choice, body.get("parallel_tool_calls", True))
+                # protocol.py to_sampling_params: max_completion_tokens or max_tokens, else None, which the
+                # scheduler turns into "up to the context" (Engine.default_max_new_tokens)
+                max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+                max_tokens = None if max_tokens is None else self._max_tokens(max_tokens, 0)
+                if max_tokens is not None and max_tokens > self.cfg.context_length:  # serving_chat._validate_request
+                    raise BadRequest(f"max_completion_tokens is too large: {max_tokens}.This model supports at most "
+                                     f"{self.cfg.context_length} completion tokens.")
             else:
                 prompt = body.get("prompt")
                 if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -46,10 +52,11 @@ class OpenAIRoutes:
                 if not isinstance(prompt, str):
                     raise BadRequest("the sim accepts `prompt` as one string")
                 max_tokens = self._max_tokens(body.get("max_tokens"), DEFAULT_COMPLETION_MAX_TOKENS)
+                constraint = None
             stream = bool(body.get("stream"))
             req = self._bootstrap(body, GenRequest(
                 rid=body.get("rid") or uuid.uuid4().hex, prompt=prompt, max_new_tokens=max_tokens,
-                stream=stream, ignore_eos=bool(body.get("ignore_eos"))))
+                stream=stream, ignore_eos=bool(body.get("ignore_eos")), tool_constraint=constraint))
         except (BadRequest, ValueError, TypeError) as e:
             return web.json_response(_error_body(400, str(e), "BadRequestError"), status=400)
         model_name = body.get("model") or self.cfg.model_name

@@ -30,6 +30,41 @@ def thinking_requested(body: dict) -> bool:
     return (body.get("chat_template_kwargs") or {}).get("thinking") is True
 
 
+def tool_choice(body: dict):
+    """The request's tool_choice as SGLang 0.5.23 settles and validates it (protocol.py ChatCompletionRequest
+    set_tool_choice_default: absent -> "auto" with tools, else "none"; serving_chat.py _validate_request).
+    Raises ValueError with SGLang's message for a choice the request's tools cannot honour."""
+    tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto" if body.get("tools") is not None else "none"
+    if isinstance(choice, str):
+        if choice not in ("auto", "required", "none"):
+            raise ValueError(f"tool_choice must be 'auto', 'required', 'none' or a named function, got {choice!r}")
+        if choice == "required" and not tools:
+            raise ValueError("Tools cannot be empty if tool choice is set to required.")
+        return choice
+    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    if not isinstance(name, str):
+        raise ValueError(f"tool_choice {choice!r}: want {{'type': 'function', 'function': {{'name': ...}}}}")
+    if not tools:
+        raise ValueError("Tools cannot be empty if tool choice is set to a specific tool.")
+    if not any((t.get("function") or {}).get("name") == name for t in tools):
+        raise ValueError(f"Tool '{name}' not found in tools list.")
+    return {"type": "function", "function": {"name": name}}
+
+
+def prompt_tools(body: dict, choice) -> list | None:
+    """The tools the chat template renders (serving_chat.py _process_messages): none for "none", only the named one
+    for a named choice, else all."""
+    tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
+    if not tools or choice == "none":
+        return None
+    if isinstance(choice, dict):
+        return [t for t in tools if (t.get("function") or {}).get("name") == choice["function"]["name"]] or None
+    return tools
+
+
 class ChatParsing:
     """Per-request parsing state of one chat completion."""
 
@@ -45,11 +80,18 @@ class ChatParsing:
         if reasoning_parser and body.get("separate_reasoning", True):
             self.reasoning = rp(model_type=reasoning_parser, stream_reasoning=bool(body.get("stream_reasoning", True)),
                                 force_reasoning=self.thinking)
-        if tool_call_parser and self.tools and body.get("tool_choice") != "none":
+        choice = tool_choice(body)
+        # serving_chat.py _tool_call_parsing_active: parser on, tools given, tool_choice not "none"; the parser gets
+        # every tool and, as _process_tool_calls passes it, the tool_choice (deepseekv4 owns its format, so a
+        # "required" / named answer is parsed by the same detector: FunctionCallParser.owns_tool_format)
+        if tool_call_parser and self.tools and choice != "none":
             self._tools = [tool.model_validate(t) for t in self.tools]
-            self.calls = fcp(self._tools, tool_call_parser)
+            self.calls = fcp(self._tools, tool_call_parser,
+                             tool_choice=choice["function"] if isinstance(choice, dict) else choice)
 
     def _call_id(self, index: int) -> str:
+        """serving_chat.py _process_tool_call_id (every parser but kimi_k2/kimi_k3): a fresh uuid per call; streamed,
+        only the call's first delta (the one with its name) carries it."""
         return self._ids.setdefault(index, f"call_{uuid.uuid4().hex[:24]}")
 
     # ---- whole text (non-stream)
