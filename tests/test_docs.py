@@ -26,13 +26,7 @@ TOPICS = ["inventory", "images", "admission", "failure", "rollouts", "monitoring
 # Files of pdstack/controller/ whose comments still cite FACTS.md: other branches rewrite these modules, and the
 # comments are fixed when they merge. The list may only shrink: a file here that no longer cites it fails the test
 # below, so whoever fixes one removes it from the list too.
-PENDING_CONTROLLER_COMMENTS = {  # file -> what to cite instead
-    "pdstack/controller/gates/bench.py": "docs/facts.md#the-deployment (Speed)",
-    "pdstack/controller/gates/recall.py": "docs/facts.md#the-deployment (Recall)",
-    "pdstack/controller/load/flags.py": "docs/facts.md#sglang-0523 (Spell flags exactly)",
-    "pdstack/controller/load/variables.py": "docs/facts.md#sglang-router-032 (a variable's doc string)",
-    "pdstack/controller/plan/planner.py": "docs/facts.md#sglang-router-032",
-    "pdstack/controller/render/frontdoor.py": "docs/facts.md#sglang-router-032",
+PENDING_CONTROLLER_COMMENTS: dict[str, str] = {  # file -> what to cite instead (none left)
 }
 
 # Docker image repositories pdstack builds: spelled like paths, but images, not files.
@@ -275,9 +269,7 @@ def test_nothing_cites_a_file_the_repo_does_not_ship():
 
 # Comments in these pdstack/controller/ files still point at README sections that moved to docs/ (fixed at the
 # merge, as above; the list may only shrink).
-PENDING_CONTROLLER_README = {  # file -> what to cite instead
-    "pdstack/controller/load/inventory.py": 'README "Writing a production inventory" -> docs/inventory.md',
-    "pdstack/controller/plan/planner.py": 'README "Rollouts" -> docs/rollouts.md',
+PENDING_CONTROLLER_README: dict[str, str] = {  # file -> what to cite instead (none left)
 }
 README_SECTION = re.compile(r"(?<![/\w])README(?:\.md)?(?:'s)?,?\s+\(?\"([^\"]+)\"")
 

@@ -1,6 +1,6 @@
 """`pdstack bench`: decode speed at C=1, TTFT and inter-token latency percentiles, and a short concurrency sweep,
 through the router, compared with a baseline (the inventory's `pdstack_smoke.bench`; the reference deployment decodes
-about 64 tokens/s at C=1, FACTS.md).
+about 64 tokens/s at C=1, docs/facts.md, The deployment).
 
 Each request is a streamed /generate of --max-new-tokens tokens with ignore_eos (so every request decodes the same
 number of tokens). Per request: TTFT = time to the first token; decode tokens/s = (tokens - 1) / (last - first token);

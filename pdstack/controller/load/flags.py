@@ -1,7 +1,7 @@
 """Check rendered argv against the pinned upstreams' own argument parsers, with abbreviations disabled.
 
 SGLang's parser accepts `--tp` only as an argparse abbreviation of --tp-size; with allow_abbrev=False it is an
-unknown flag, which is what we want: a unit must spell every flag exactly (FACTS.md).
+unknown flag, which is what we want: a unit must spell every flag exactly (docs/facts.md, SGLang 0.5.23).
 """
 
 from __future__ import annotations

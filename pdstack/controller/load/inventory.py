@@ -1,6 +1,6 @@
 """The inventory model: one typed description of a deployment, read from an Ansible inventory's group_vars/host_vars.
 
-Variables (see inventory/production for a commented example; README "Writing a production inventory"):
+Variables (see inventory/production for a commented example; docs/inventory.md):
 
   group_vars/all/deployment.yml  pdstack_environment   production | local | test
   group_vars/all/model.yml       pdstack_model          model path on the host, served name, context length, family

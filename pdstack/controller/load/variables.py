@@ -247,7 +247,7 @@ ROUTER = Schema("pdstack_router", {
     "decode_policy": Field((str,), "policy for decode workers (--decode-policy)", default=None,
                            choices=ROUTER_POLICIES),
     "admission": Field((dict,), "admission control, enforced by the front door (sglang-router 0.3.2's own limiter "
-                       "is a rate limiter, FACTS.md)", default=dict, schema=ADMISSION),
+                       "is a rate limiter: docs/facts.md, sglang-router 0.3.2)", default=dict, schema=ADMISSION),
     "frontdoor": Field((dict,), "the front door (HAProxy) on the router host", default=dict, schema=FRONTDOOR),
     "circuit_breaker": Field((dict,), "the router's circuit breaker", default=dict, schema=CIRCUIT_BREAKER),
     "shutdown_grace_period_secs": Field((int,), "seconds the router drains in-flight requests when stopped "

@@ -68,7 +68,7 @@ class ServerPlan:
     flags: list[str]
     argv: list[str]
     env: dict[str, str]
-    # how a restart of this server loses nothing in flight (roles/serving, README "Rollouts"): see rollout_plan()
+    # how a restart of this server loses nothing in flight (roles/serving, docs/rollouts.md): see rollout_plan()
     rollout: dict[str, Any] = field(default_factory=dict)
 
 
@@ -288,7 +288,8 @@ def router_flags(dep: Deployment, servers: list[ServerPlan]) -> tuple[list[str],
     if r["decode_policy"]:
         out += ["--decode-policy", r["decode_policy"]]
     ret, hc, cb = r["retries"], r["health_check"], r["circuit_breaker"]
-    # the router's own limiter off: 0.3.2's is a token bucket, not a concurrency cap (FACTS.md); the front door admits
+    # the router's own limiter off: 0.3.2's is a token bucket, not a concurrency cap (docs/facts.md, sglang-router
+    # 0.3.2); the front door admits (render/frontdoor.py)
     out += ["--max-concurrent-requests", "-1",
             "--retry-max-retries", str(ret["max_retries"]),
             "--retry-initial-backoff-ms", str(ret["initial_backoff_ms"]),

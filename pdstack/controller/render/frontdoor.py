@@ -1,6 +1,6 @@
 """The front door: HAProxy's configuration, rendered from the plan's `router.frontdoor` (plan.json as a dict).
 
-sglang-router 0.3.2's own limiter is a token bucket, not a concurrency cap (FACTS.md, "Measured 2026-12-01"), so
+sglang-router 0.3.2's own limiter is a token bucket, not a concurrency cap (docs/facts.md, sglang-router 0.3.2), so
 admission lives in HAProxy (Debian's haproxy 2.6) in front of it, on the deployment's public port:
 
 - at most `max_concurrent_requests` (N) requests in flight to the router: the one server's `maxconn N`;

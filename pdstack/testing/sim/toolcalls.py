@@ -1,5 +1,5 @@
 """The TEST ENGINE model's tool calls: which calls a user turn asks for, their argument values, and DeepSeek-V4's
-DSML markup for them. Conventions (README.md, "The model: needle convention", its tools items):
+DSML markup for them. Conventions (pdstack/testing/sim/README.md, "The model: needle convention", its tools items):
 
   * `call NAME` (the word "call", any case, then an offered tool's name) asks for one call of NAME; several such
     phrases in one turn ask for several calls in one answer, in that order (DeepSeek-V4 emits parallel calls as
