@@ -531,3 +531,24 @@ def test_property_aliases_never_reach_a_pdstack_value():
         with pytest.raises(InventoryError) as err:
             yamlsafe.load_vars_text(doc, "host_vars/h/x.yml")
         assert "host_vars/h/x.yml:" in str(err.value) and "alias" in str(err.value)
+
+
+def test_the_deploy_path_refuses_a_lookup_before_ansible_templates_it(tmp_path: Path):
+    """site.yml's first phase (playbooks/preflight.yml) reads the files strictly (`pdstack preflight --files`) before
+    it writes the resolved variables, which is where Ansible would template the value and run the lookup."""
+    inv = tmp_path / "local"
+    shutil.copytree(ROOT / "inventory" / "local", inv)
+    marker = tmp_path / "lookup-ran"
+    model = inv / "group_vars/all/model.yml"
+    model.write_text(model.read_text().replace(
+        "served_name: deepseek-v4-flash", f"served_name: \"{{{{ lookup('pipe', 'touch {marker}') }}}}\""))
+    assert "lookup('pipe'" in model.read_text()
+    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
+    r = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "playbooks/preflight.yml", "-i",
+                        str(inv)], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode != 0, r.stdout[-2000:]
+    assert "read the inventory's files strictly" in r.stdout and "pdstack_model.served_name" in r.stdout, \
+        r.stdout[-3000:]
+    assert "template" in r.stdout.lower(), r.stdout[-3000:]
+    assert not marker.exists(), "the lookup ran on the controller"
+    assert "resolved pdstack variables" not in r.stdout  # it stopped before Ansible templated anything

@@ -99,9 +99,17 @@ def register_preflight(parser: argparse.ArgumentParser) -> None:
     inventory.add_inventory_args(parser)
     parser.add_argument("--facts", help="host facts (see `pdstack plan --help`); without them only static checks run")
     parser.add_argument("--static", action="store_true", help="only the static checks, even if facts exist")
+    parser.add_argument("--files", action="store_true",
+                        help="only read the inventory's files strictly (duplicate keys, templates, YAML 1.1 traps, a "
+                        "variable in two files) and check nothing else: the preflight role runs this before Ansible "
+                        "templates any variable, so no lookup in a pdstack value ever runs")
 
 
 def run_preflight(args: argparse.Namespace) -> int:
+    if args.files:
+        inventory.check_files(args.inventory)
+        print(f"preflight: {args.inventory}: every file read strictly (no templates, duplicate keys or YAML 1.1 traps)")
+        return 0
     dep = inventory.load(args.inventory, resolved=args.vars)
     path = None if args.static else inventory.facts_path(args)
     if path is None:

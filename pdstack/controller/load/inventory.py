@@ -83,6 +83,18 @@ def load_hostvars(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]],
     return hostvars, groups
 
 
+def check_files(source: str | os.PathLike) -> None:
+    """Read every file of the inventory strictly (files.scan_inventory) and nothing else: what the preflight role
+    runs before Ansible templates any variable of it, so a `{{ lookup('pipe', ...) }}` in a pdstack value is refused
+    before the deploy path could evaluate it. Raises InventoryError."""
+    src = Path(source)
+    if not src.exists():
+        raise InventoryError([f"inventory {str(src)!r} does not exist; pass -i inventory/production (or local, test)"])
+    scan = files.scan_inventory(src, (*ROLE_PORT_VARS, "ansible_host"))
+    if scan.problems:
+        raise InventoryError(scan.problems)
+
+
 def load_located(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]], dict[str, str]]:
     """load_hostvars, and where each pdstack value is set ({variable path: "file:line"}, see files.locations).
 
