@@ -552,3 +552,22 @@ def test_the_deploy_path_refuses_a_lookup_before_ansible_templates_it(tmp_path: 
     assert "template" in r.stdout.lower(), r.stdout[-3000:]
     assert not marker.exists(), "the lookup ran on the controller"
     assert "resolved pdstack variables" not in r.stdout  # it stopped before Ansible templated anything
+
+
+def test_a_checks_refusal_names_the_file_and_line_of_its_variable(tmp_path: Path):
+    """The checks name a server's value as host_vars/H pdstack_servers[i] (name).path; the message then carries the
+    file and line the inventory set it at (load/files.py's locations), as the loader's own messages do."""
+    from pdstack.controller import pipeline
+
+    inv = tmp_path / "production"
+    shutil.copytree(PROD, inv)
+    f = inv / "host_vars/gpu01/servers.yml"
+    lines = f.read_text().splitlines()
+    n = next(i for i, line in enumerate(lines) if "backend: mooncake" in line)
+    lines[n] = lines[n].replace("backend: mooncake", "backend: fake")
+    f.write_text("\n".join(lines) + "\n")
+    dep = inventory.load(inv)
+    with pytest.raises(InventoryError) as e:
+        pipeline.make_plan(dep, {"gpu01": {}}, deploy=True)
+    hit = [p for p in e.value.problems if "(prefill-0).transfer.backend: 'fake'" in p]
+    assert hit and hit[0].endswith(f"(host_vars/gpu01/servers.yml:{n + 1})"), e.value.problems

@@ -38,13 +38,18 @@ def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fal
         problems = preflight.static_problems(dep, deploy=require_image if deploy is None else deploy)
         problems += preflight.topology_problems(dep, facts)
         if problems:
-            raise InventoryError(problems)
+            raise InventoryError(_located(problems, dep))
         plan = planner.build_plan(dep, facts, require_image=require_image)
     # every artifact the roles render, rendered in memory and read back: argv, units, env files, haproxy.cfg, nft
     problems = readback.plan_problems(plan, dep) + artifacts.artifact_problems(plan, dep)
     if problems:
-        raise InventoryError(problems)
+        raise InventoryError(_located(problems, dep))
     return plan
+
+
+def _located(problems: list[str], dep: Deployment) -> list[str]:
+    """Each problem with the file and line its variable is set at, where the inventory's files say (load/files.py)."""
+    return [inventory.located(p, dep.locations) for p in problems]
 
 
 @contextlib.contextmanager
@@ -116,7 +121,7 @@ def run_preflight(args: argparse.Namespace) -> int:
         with _unrenderable(dep):
             problems = preflight.static_problems(dep, deploy=True)
         if problems:
-            raise InventoryError(problems)
+            raise InventoryError(_located(problems, dep))
         print(f"preflight: {args.inventory}: static checks passed (no host facts given: topology not checked)")
     else:
         make_plan(dep, load_facts(path, list(dep.hosts)), deploy=True)

@@ -166,9 +166,14 @@ def build_deployment(hostvars: dict[str, dict[str, Any]], groups: dict[str, list
         raise InventoryError(list(dict.fromkeys(located(p, locations or {}) for p in e.problems))) from None
 
 
+# how the checks name a server's value: "host_vars/gpu01 pdstack_servers[0] (prefill-0).transfer.backend: ..."
+_SERVER_WHERE = re.compile(r"^(host_vars/[^\s.]+) (pdstack_servers\[\d+\])(?: \([^)]*\))?((?:\.[\w\-]+|\[\d+\])*)")
+
+
 def located(problem: str, locations: dict[str, str]) -> str:
     """`problem` with " (file:line)" of the variable it starts with (the longest known prefix of its path)."""
-    path = re.split(r"[:\s]", problem, maxsplit=1)[0]
+    m = _SERVER_WHERE.match(problem)
+    path = f"{m[1]}.{m[2]}{m[3]}" if m else re.split(r"[:\s]", problem, maxsplit=1)[0]
     while path:
         if path in locations:
             where = locations[path]
