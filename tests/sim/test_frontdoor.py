@@ -266,8 +266,11 @@ def test_idle_connections_past_every_limit_leave_the_exporter_answering(stack):
                               request_read_timeout_secs=30)
     socks = []
     try:
-        for _ in range(2 * m):
-            socks.append(socket.create_connection(("127.0.0.1", fd.port), timeout=5))
+        for _ in range(2 * m):  # non-blocking: past the listener's limit and backlog a connect would wait
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", fd.port))
+            socks.append(s)
         time.sleep(0.5)
         t0 = time.monotonic()
         assert fd.metric("haproxy_frontend_current_sessions", proxy="pdstack") == m - 64
