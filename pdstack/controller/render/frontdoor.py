@@ -12,7 +12,10 @@ admission lives in HAProxy (Debian's haproxy 2.6) in front of it, on the deploym
 - a request that waited `queue_timeout_secs` without a slot: 503 + Retry-After. HAProxy answers a queue timeout with
   503 ("sQ" in its log) and we keep it: 503 says "the server is overloaded, retry later", which is what happened;
   408 would claim the *client* was too slow to send its request, and OpenAI-style clients retry both;
-- streams pass through unbuffered (no request/response buffering rules; `option http-no-delay`); a client that goes
+- a request takes a slot only once it arrived whole (`http-request wait-for-body`, bounded by
+  request_read_timeout_secs: else 408), bodies over max_body_bytes get 413; the public bind keeps METRICS_HEADROOM
+  connections of the global maxconn for the metrics listener; HAProxy's own errors are OpenAI-shaped JSON;
+- response streams pass through unbuffered (`option http-no-delay`); a client that goes
   away frees its slot, and a waiter that goes away leaves the queue (`option abortonclose`);
 - `timeout server`/`client` sit above the router's --request-timeout-secs, so the router's own timeout (and error)
   comes first; `hard-stop-after` bounds how long an old worker keeps draining after a reload;
