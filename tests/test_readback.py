@@ -102,7 +102,8 @@ def test_a_bad_front_door_bind_is_refused_naming_it(inv: Path, bind: str, why: s
     (lambda r: r["frontdoor"].update(max_body_bytes=0), "pdstack_router.frontdoor.max_body_bytes"),
     (lambda r: r["frontdoor"].update(request_read_timeout_secs=10**9),
      "pdstack_router.frontdoor.request_read_timeout_secs"),
-    (lambda r: r["frontdoor"].update(request_read_timeout_secs=0), "pdstack_router.frontdoor.request_read_timeout_secs"),
+    (lambda r: r["frontdoor"].update(request_read_timeout_secs=0),
+     "pdstack_router.frontdoor.request_read_timeout_secs"),
 ])
 def test_limits_haproxy_cannot_run_are_refused_naming_the_variable(inv: Path, edit, var: str):
     _edit(inv, ROUTER, lambda d: edit(d["pdstack_router"]))
