@@ -104,6 +104,8 @@ def test_a_bad_front_door_bind_is_refused_naming_it(inv: Path, bind: str, why: s
      "pdstack_router.frontdoor.request_read_timeout_secs"),
     (lambda r: r["frontdoor"].update(request_read_timeout_secs=0),
      "pdstack_router.frontdoor.request_read_timeout_secs"),
+    (lambda r: r["frontdoor"].update(max_connections_per_source=-1),
+     "pdstack_router.frontdoor.max_connections_per_source"),
 ])
 def test_limits_haproxy_cannot_run_are_refused_naming_the_variable(inv: Path, edit, var: str):
     _edit(inv, ROUTER, lambda d: edit(d["pdstack_router"]))
@@ -185,7 +187,9 @@ def test_front_door_limits_checked_where_they_land(good):
              "port": 70000, "metrics_port": 0, "queue_size": -1, "max_concurrent_requests": True,
              "request_read_timeout_secs": frontdoor_check.MAX_TIMEOUT_SECS + 1, "max_body_bytes": 0}
     cases_more = [("request_read_timeout_secs", "10"), ("max_body_bytes", frontdoor_check.MAX_BODY_BYTES + 1),
-                  ("max_body_bytes", True), ("max_body_bytes", None)]
+                  ("max_body_bytes", True), ("max_body_bytes", None), ("max_connections_per_source", -1),
+                  ("max_connections_per_source", frontdoor_check.MAX_CONNECTIONS + 1),
+                  ("max_connections_per_source", "2")]
     for key, v in cases.items():
         out = frontdoor_check.frontdoor_problems({**fd, key: v}, addr, True)
         assert out and frontdoor_check.SOURCES[key] in out[0], (key, out)

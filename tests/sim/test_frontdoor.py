@@ -169,10 +169,10 @@ def test_an_api_key_is_required_when_set_and_never_logged(stack):
 # --- hostile clients (issue 25) ---------------------------------------------------------------------------------
 
 
-def _raw(port: int, data: bytes, trickle_s: float = 0.0, wait: float = 30.0) -> dict:
-    """One request written as raw bytes, then (trickle_s > 0) its body one byte every trickle_s seconds until the
-    front door answers: {status, headers (lower-case names), body, seconds}."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=wait)
+def _raw(port: int, data: bytes, trickle_s: float = 0.0, wait: float = 30.0, source: str = "127.0.0.1") -> dict:
+    """One request written as raw bytes from address `source`, then (trickle_s > 0) its body one byte every
+    trickle_s seconds until the front door answers: {status, headers (lower-case names), body, seconds}."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=wait, source_address=(source, 0))
     t0, buf = time.monotonic(), b""
     try:
         s.sendall(data)
@@ -319,3 +319,27 @@ def test_haproxys_own_errors_are_openai_json(stack):
 def test_a_malformed_request_is_400_json(stack):
     fd = stack.with_frontdoor(max_concurrent_requests=1, queue_size=1, queue_timeout_secs=1)
     _openai_error(_raw(fd.port, b"GARBAGE\r\n\r\n", wait=5), 400, "bad-request")
+
+
+def test_one_source_holds_at_most_its_share(stack):
+    """max_connections_per_source 2 with N 4: of 4 long requests from one address 2 run and 2 get 429
+    source-limit at once, while another address is still served; after them the first address is served again."""
+    fd = stack.with_frontdoor(max_concurrent_requests=4, queue_size=0, queue_timeout_secs=5,
+                              max_connections_per_source=2)
+    body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": int(2 * DECODE_TPS)}}).encode()
+    req = _post(len(body), b"Connection: close\r\n") + body
+    out: list[dict] = []
+    ths = [threading.Thread(target=lambda: out.append(_raw(fd.port, req, wait=20))) for _ in range(4)]
+    for t in ths:
+        t.start()
+    time.sleep(0.5)
+    other = _raw(fd.port, _post(len(body), b"Connection: close\r\n") + body, wait=20, source="127.0.0.2")
+    for t in ths:
+        t.join()
+    assert sorted(r["status"] for r in out) == [200, 200, 429, 429], out
+    for r in out:
+        if r["status"] == 429:
+            _openai_error(r, 429, "source-limit")
+            assert r["seconds"] < 0.5 and r["headers"].get("retry-after") == "1", r
+    assert other["status"] == 200, other
+    assert _raw(fd.port, req, wait=20)["status"] == 200

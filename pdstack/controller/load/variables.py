@@ -213,6 +213,9 @@ FRONTDOOR = Schema("frontdoor", {
                                        check=_positive),
     "max_body_bytes": Field((int,), "largest request body the front door accepts (it is buffered whole before a slot "
                             "is taken); larger: 413", default=4 * 1024 * 1024, check=_positive),
+    "max_connections_per_source": Field((int,), "connections one client address may hold at once (requests in flight, "
+                                        "queued or being read); beyond: 429 source-limit. 0: no limit (clients "
+                                        "behind one proxy or NAT share an address)", default=0, check=_non_negative),
 })
 
 CIRCUIT_BREAKER = Schema("circuit_breaker", {

@@ -48,7 +48,7 @@ SERVER = "router"
 # so clients and our gates tell "busy" from "router down" from "a planned restart" without parsing prose.
 REFUSAL_HEADER = "X-Pdstack-Refusal"
 QUEUE_FULL, QUEUE_TIMEOUT, ROUTER_DOWN, MAINTENANCE = "queue-full", "queue-timeout", "router-down", "maintenance"
-BODY_TOO_LARGE, REQUEST_TIMEOUT = "body-too-large", "request-timeout"
+BODY_TOO_LARGE, REQUEST_TIMEOUT, SOURCE_LIMIT = "body-too-large", "request-timeout", "source-limit"
 # Every other answer HAProxy itself may give, as OpenAI-shaped JSON with its reason (header and body "type"):
 # status -> (reason, message). 503 is the backend's (queue timeout or router down, below).
 HAPROXY_ERRORS = {
@@ -110,6 +110,7 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
     read_timeout = int(fd.get("request_read_timeout_secs", 10))
     max_body = int(fd.get("max_body_bytes", 4 * 1024 * 1024))
     conns = int(fd["max_connections"])
+    per_source = int(fd.get("max_connections_per_source", 0))
     out: list[Directive] = []
 
     def add(section: str, *words: str) -> None:
@@ -152,6 +153,15 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
     # its headroom (else monitoring goes blind exactly when it is needed)
     add(f, "bind", haproxy_address(fd["bind"], int(fd["port"])), "maxconn", str(max(conns - METRICS_HEADROOM, 1)))
     errors(f)
+    if per_source > 0:
+        # one client address holds at most this many connections (in flight, queued or being read): its share.
+        # Tracked at accept, so a connection counts itself; ipv6 keys hold IPv4 sources too
+        add(f, "stick-table", "type", "ipv6", "size", "100k", "expire", "60s", "store", "conn_cur")
+        add(f, "tcp-request", "connection", "track-sc0", "src")
+        add(f, "http-request", "return", "status", "429", "content-type", "application/json", "hdr", "Retry-After",
+            ra, "hdr", REFUSAL_HEADER, SOURCE_LIMIT, "string",
+            _json_error(f"too many connections from your address: at most {per_source} at once",
+                        BODY_TYPES[QUEUE_FULL], 429), "if", "{", "sc_conn_cur(0)", "gt", str(per_source), "}")
     if api_key_file:
         add(f, "http-request", "return", "status", "401", "content-type", "application/json", "string",
             _json_error("missing or wrong API key (Authorization: Bearer KEY)", "authentication_error", 401),

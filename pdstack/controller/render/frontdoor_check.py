@@ -38,6 +38,7 @@ SOURCES = {
     "retry_after_secs": "pdstack_router.frontdoor.retry_after_secs",
     "request_read_timeout_secs": "pdstack_router.frontdoor.request_read_timeout_secs",
     "max_body_bytes": "pdstack_router.frontdoor.max_body_bytes",
+    "max_connections_per_source": "pdstack_router.frontdoor.max_connections_per_source",
     "idle_timeout_secs": "pdstack_router.request_timeout_secs (+ 30 s: HAProxy's client/server timeouts)",
     "hard_stop_after_secs": "pdstack_router.request_timeout_secs (+ 60 s: HAProxy's hard-stop-after)",
     "max_connections": "pdstack_router.admission (max_concurrent_requests + queue_size: HAProxy's global maxconn)",
@@ -97,6 +98,10 @@ def limit_problems(fd: dict[str, Any]) -> list[str]:
     if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BODY_BYTES:
         out.append(f"{SOURCES['max_body_bytes']}: {b!r} is not a byte count 1-{MAX_BODY_BYTES} (a body is buffered "
                    "whole, one buffer per request being read: HAProxy's tune.bufsize)")
+    p = fd.get("max_connections_per_source", 0)
+    if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= MAX_CONNECTIONS:
+        out.append(f"{SOURCES['max_connections_per_source']}: {p!r} is not 0 (no limit) or a connection count "
+                   f"1-{MAX_CONNECTIONS}")
     n, q, m = fd.get("max_concurrent_requests"), fd.get("queue_size"), fd.get("max_connections")
     for key, v in (("max_concurrent_requests", n), ("queue_size", q), ("max_connections", m)):
         if isinstance(v, bool) or not isinstance(v, int):
