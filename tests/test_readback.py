@@ -98,6 +98,14 @@ def test_a_bad_front_door_bind_is_refused_naming_it(inv: Path, bind: str, why: s
     (lambda r: r["admission"].update(max_concurrent_requests=10**9), "pdstack_router.admission"),
     (lambda r: r.update(request_timeout_secs=10**9), "pdstack_router.request_timeout_secs"),
     (lambda r: r["admission"].update(queue_timeout_secs=10**9), "pdstack_router.admission.queue_timeout_secs"),
+    (lambda r: r["frontdoor"].update(max_body_bytes=10**9), "pdstack_router.frontdoor.max_body_bytes"),
+    (lambda r: r["frontdoor"].update(max_body_bytes=0), "pdstack_router.frontdoor.max_body_bytes"),
+    (lambda r: r["frontdoor"].update(request_read_timeout_secs=10**9),
+     "pdstack_router.frontdoor.request_read_timeout_secs"),
+    (lambda r: r["frontdoor"].update(request_read_timeout_secs=0),
+     "pdstack_router.frontdoor.request_read_timeout_secs"),
+    (lambda r: r["frontdoor"].update(max_connections_per_source=-1),
+     "pdstack_router.frontdoor.max_connections_per_source"),
 ])
 def test_limits_haproxy_cannot_run_are_refused_naming_the_variable(inv: Path, edit, var: str):
     _edit(inv, ROUTER, lambda d: edit(d["pdstack_router"]))
@@ -176,10 +184,25 @@ def test_front_door_limits_checked_where_they_land(good):
     assert frontdoor_check.frontdoor_problems(fd, addr, True) == []
     cases = {"queue_timeout_secs": frontdoor_check.MAX_TIMEOUT_SECS + 1, "idle_timeout_secs": 10**9,
              "hard_stop_after_secs": 2**31, "max_connections": frontdoor_check.MAX_CONNECTIONS + 1,
-             "port": 70000, "metrics_port": 0, "queue_size": -1, "max_concurrent_requests": True}
+             "port": 70000, "metrics_port": 0, "queue_size": -1, "max_concurrent_requests": True,
+             "request_read_timeout_secs": frontdoor_check.MAX_TIMEOUT_SECS + 1, "max_body_bytes": 0}
+    cases_more = [("request_read_timeout_secs", "10"), ("max_body_bytes", frontdoor_check.MAX_BODY_BYTES + 1),
+                  ("max_body_bytes", True), ("max_body_bytes", None), ("max_connections_per_source", -1),
+                  ("max_connections_per_source", frontdoor_check.MAX_CONNECTIONS + 1),
+                  ("max_connections_per_source", "2")]
     for key, v in cases.items():
         out = frontdoor_check.frontdoor_problems({**fd, key: v}, addr, True)
         assert out and frontdoor_check.SOURCES[key] in out[0], (key, out)
+    for key, v in cases_more:
+        out = frontdoor_check.frontdoor_problems({**fd, key: v}, addr, True)
+        assert out and frontdoor_check.SOURCES[key] in out[0], (key, out)
+    # the public listener's maxconn (global - METRICS_HEADROOM) must hold N + Q
+    n, q = fd["max_concurrent_requests"], fd["queue_size"]
+    tight = {**fd, "max_connections": n + q + frontdoor.METRICS_HEADROOM - 1}
+    out = frontdoor_check.frontdoor_problems(tight, addr, True)
+    assert out and "public listener" in out[0], out
+    assert frontdoor_check.frontdoor_problems({**tight, "max_connections": n + q + frontdoor.METRICS_HEADROOM},
+                                              addr, True) == []
     assert frontdoor_check.frontdoor_problems({**fd, "bind": "0.0.0.0"}, addr, False) == []
     assert frontdoor_check.frontdoor_problems({**fd, "bind": "0.0.0.0"}, addr, True)
 

@@ -208,6 +208,14 @@ FRONTDOOR = Schema("frontdoor", {
     "metrics_port": Field((int,), "port of HAProxy's Prometheus exporter (/metrics)", default=8404, check=_port),
     "retry_after_secs": Field((int,), "Retry-After seconds on the front door's 429 and 503 answers", default=2,
                               check=_positive),
+    "request_read_timeout_secs": Field((int,), "seconds a client has to send its whole request (headers and body) "
+                                       "before it takes a slot; then 408 (HAProxy timeout http-request)", default=10,
+                                       check=_positive),
+    "max_body_bytes": Field((int,), "largest request body the front door accepts (it is buffered whole before a slot "
+                            "is taken); larger: 413", default=4 * 1024 * 1024, check=_positive),
+    "max_connections_per_source": Field((int,), "connections one client address may hold at once (requests in flight, "
+                                        "queued or being read); beyond: 429 source-limit. 0: no limit (clients "
+                                        "behind one proxy or NAT share an address)", default=0, check=_non_negative),
 })
 
 CIRCUIT_BREAKER = Schema("circuit_breaker", {

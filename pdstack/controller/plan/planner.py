@@ -332,6 +332,8 @@ def frontdoor_plan(dep: Deployment) -> dict[str, Any]:
             "backend_port": r["internal_port"],
             "max_concurrent_requests": adm["max_concurrent_requests"], "queue_size": adm["queue_size"],
             "queue_timeout_secs": adm["queue_timeout_secs"], "retry_after_secs": fd["retry_after_secs"],
+            "request_read_timeout_secs": fd["request_read_timeout_secs"], "max_body_bytes": fd["max_body_bytes"],
+            "max_connections_per_source": fd["max_connections_per_source"],
             # idle timeouts above the router's request timeout: the router's own timeout (and error) comes first
             "idle_timeout_secs": r["request_timeout_secs"] + 30,
             # an old worker drains at most this long after a reload (a stream lasts at most the request timeout)

@@ -12,7 +12,10 @@ admission lives in HAProxy (Debian's haproxy 2.6) in front of it, on the deploym
 - a request that waited `queue_timeout_secs` without a slot: 503 + Retry-After. HAProxy answers a queue timeout with
   503 ("sQ" in its log) and we keep it: 503 says "the server is overloaded, retry later", which is what happened;
   408 would claim the *client* was too slow to send its request, and OpenAI-style clients retry both;
-- streams pass through unbuffered (no request/response buffering rules; `option http-no-delay`); a client that goes
+- a request takes a slot only once it arrived whole (`http-request wait-for-body`, bounded by
+  request_read_timeout_secs: else 408), bodies over max_body_bytes get 413; the public bind keeps METRICS_HEADROOM
+  connections of the global maxconn for the metrics listener; HAProxy's own errors are OpenAI-shaped JSON;
+- response streams pass through unbuffered (`option http-no-delay`); a client that goes
   away frees its slot, and a waiter that goes away leaves the queue (`option abortonclose`);
 - `timeout server`/`client` sit above the router's --request-timeout-secs, so the router's own timeout (and error)
   comes first; `hard-stop-after` bounds how long an old worker keeps draining after a reload;
@@ -45,6 +48,24 @@ SERVER = "router"
 # so clients and our gates tell "busy" from "router down" from "a planned restart" without parsing prose.
 REFUSAL_HEADER = "X-Pdstack-Refusal"
 QUEUE_FULL, QUEUE_TIMEOUT, ROUTER_DOWN, MAINTENANCE = "queue-full", "queue-timeout", "router-down", "maintenance"
+BODY_TOO_LARGE, REQUEST_TIMEOUT, SOURCE_LIMIT = "body-too-large", "request-timeout", "source-limit"
+# Every other answer HAProxy itself may give, as OpenAI-shaped JSON with its reason (header and body "type"):
+# status -> (reason, message). 503 is the backend's (queue timeout or router down, below).
+HAPROXY_ERRORS = {
+    400: ("bad-request", "bad request: the request is not valid HTTP"),
+    403: ("forbidden", "forbidden: the front door refused the request"),
+    408: (REQUEST_TIMEOUT, "request timeout: the whole request did not arrive within the read timeout"),
+    413: (BODY_TOO_LARGE, "request body too large"),
+    429: (QUEUE_FULL, "too many requests"),
+    500: ("internal-error", "internal error in the front door"),
+    502: ("bad-gateway", "bad gateway: the router gave an invalid or no response"),
+    503: ("unavailable", "service unavailable"),
+    504: ("gateway-timeout", "gateway timeout: the router did not answer in time"),
+}
+# connections the public listener leaves to the metrics/health listener under HAProxy's global maxconn
+METRICS_HEADROOM = 64
+# tune.bufsize above max_body_bytes: room for the request line and headers, so a whole body fits one buffer
+BUFFER_HEADROOM = 64 * 1024
 # The maintenance switch: an ACL pattern file (empty: off). `add acl FILE on` / `del acl FILE on` on HAProxy's
 # runtime API turn it on and off without a reload; a reload (or restart) reads the file again, so it comes back off.
 MAINTENANCE_ON = "on"
@@ -57,7 +78,8 @@ def _json_error(message: str, kind: str, code: int) -> str:
 
 # the JSON body's "type" per reason (OpenAI-style names where one exists)
 BODY_TYPES = {QUEUE_FULL: "rate_limit_exceeded", QUEUE_TIMEOUT: "overloaded", ROUTER_DOWN: "router_down",
-              MAINTENANCE: "maintenance"}
+              MAINTENANCE: "maintenance", BODY_TOO_LARGE: "invalid_request_error", REQUEST_TIMEOUT: "timeout",
+              "bad-request": "invalid_request_error"}
 MESSAGES = {
     QUEUE_TIMEOUT: "overloaded: no router slot became free within the queue timeout",
     ROUTER_DOWN: "router down: sglang-router behind the front door does not answer",
@@ -85,6 +107,10 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
     ra = str(int(fd["retry_after_secs"]))
     up = f"srv_is_up({BACKEND}/{SERVER})"
     idle = int(fd["idle_timeout_secs"])
+    read_timeout = int(fd.get("request_read_timeout_secs", 10))
+    max_body = int(fd.get("max_body_bytes", 4 * 1024 * 1024))
+    conns = int(fd["max_connections"])
+    per_source = int(fd.get("max_connections_per_source", 0))
     out: list[Directive] = []
 
     def add(section: str, *words: str) -> None:
@@ -95,7 +121,10 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
     # one thread: the refusal ACLs and the enqueue run in one stream pass, so N + Q is exact (a thread handles far
     # more requests/s than an LLM deployment serves)
     add(g, "nbthread", "1")
-    add(g, "maxconn", str(int(fd["max_connections"])))
+    add(g, "maxconn", str(conns))
+    # a request is buffered whole before it takes a slot (option http-buffer-request): a body up to max_body_bytes
+    # must fit one buffer (buffers are allocated per active stream, not per idle connection)
+    add(g, "tune.bufsize", str(max_body + BUFFER_HEADROOM))
     add(g, "hard-stop-after", f"{int(fd['hard_stop_after_secs'])}s")
     if chroot:
         add(g, "chroot", chroot)
@@ -108,14 +137,45 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
     for words in (("mode", "http"), ("log", "global"), ("option", "httplog"), ("option", "dontlognull"),
                   ("option", "http-no-delay"), ("option", "abortonclose"), ("timeout", "connect", "5s"),
                   ("timeout", "queue", f"{t}s"), ("timeout", "client", f"{idle}s"), ("timeout", "server", f"{idle}s"),
-                  ("timeout", "http-request", "30s"), ("timeout", "http-keep-alive", "10s")):
+                  ("timeout", "http-request", f"{read_timeout}s"), ("timeout", "http-keep-alive", "10s")):
         add(d, *words)
+    def errors(section: str) -> None:
+        for status, (reason, message) in HAPROXY_ERRORS.items():
+            add(section, "http-error", "status", str(status), "content-type", "application/json", "hdr",
+                REFUSAL_HEADER, reason, "string",
+                _json_error(message, BODY_TYPES.get(reason, reason.replace("-", "_")), status))
+
+    # in defaults (the backends' 502/504) and again on the frontend: HAProxy 2.6 answers a request it cannot parse
+    # (400) with the frontend's own error messages only, not the ones it inherits
+    errors(d)
     f = f"frontend {FRONTEND}"
-    add(f, "bind", haproxy_address(fd["bind"], int(fd["port"])))
+    # below the global maxconn: a flood of idle connections to the public port leaves the metrics/health listener
+    # its headroom (else monitoring goes blind exactly when it is needed)
+    add(f, "bind", haproxy_address(fd["bind"], int(fd["port"])), "maxconn", str(max(conns - METRICS_HEADROOM, 1)))
+    errors(f)
+    if per_source > 0:
+        # one client address holds at most this many connections (in flight, queued or being read): its share.
+        # Tracked at accept, so a connection counts itself; ipv6 keys hold IPv4 sources too
+        add(f, "stick-table", "type", "ipv6", "size", "100k", "expire", "60s", "store", "conn_cur")
+        add(f, "tcp-request", "connection", "track-sc0", "src")
+        add(f, "http-request", "return", "status", "429", "content-type", "application/json", "hdr", "Retry-After",
+            ra, "hdr", REFUSAL_HEADER, SOURCE_LIMIT, "string",
+            _json_error(f"too many connections from your address: at most {per_source} at once",
+                        BODY_TYPES[QUEUE_FULL], 429), "if", "{", "sc_conn_cur(0)", "gt", str(per_source), "}")
     if api_key_file:
         add(f, "http-request", "return", "status", "401", "content-type", "application/json", "string",
             _json_error("missing or wrong API key (Authorization: Bearer KEY)", "authentication_error", 401),
             "unless", "{", "req.hdr(authorization)", "-m", "str", "-f", api_key_file, "}")
+    too_large = _json_error(f"request body too large: over {max_body} bytes", BODY_TYPES[BODY_TOO_LARGE], 413)
+    # a slot (a router connection) is taken only once the whole request arrived: a declared body over the limit is
+    # refused before it is read, then the body is awaited at most request_read_timeout_secs (else 408), then a
+    # chunked body (no Content-Length) over the limit is refused: a client trickling its body holds a connection,
+    # never a slot
+    for i, fetch in enumerate(("req.hdr_val(content-length)", "req.body_size")):
+        if i:
+            add(f, "http-request", "wait-for-body", "time", f"{read_timeout}s")
+        add(f, "http-request", "return", "status", "413", "content-type", "application/json", "hdr", REFUSAL_HEADER,
+            BODY_TOO_LARGE, "string", too_large, "if", "{", fetch, "gt", str(max_body), "}")
     if maintenance_file:
         # a planned restart of the only server of a role (roles/serving): new requests get 503 at once, while the
         # ones already in flight or queued finish

@@ -21,6 +21,8 @@ MAX_TIMEOUT_SECS = (2**31 - 1) // 1000
 # maxconn 9993 starts, 9994 exits "Cannot raise FD limit to 20002"); a root process may raise its limit to
 # fs.nr_open (1048576 by default), so 500000 leaves room for the listeners, checks and sockets.
 MAX_CONNECTIONS = 500_000
+# a request body is buffered whole (tune.bufsize above it); 64 MiB keeps one buffer per request being read sane
+MAX_BODY_BYTES = 64 * 1024 * 1024
 
 # the inventory variable behind each front-door setting (messages name it)
 SOURCES = {
@@ -34,6 +36,9 @@ SOURCES = {
     "queue_size": "pdstack_router.admission.queue_size",
     "queue_timeout_secs": "pdstack_router.admission.queue_timeout_secs",
     "retry_after_secs": "pdstack_router.frontdoor.retry_after_secs",
+    "request_read_timeout_secs": "pdstack_router.frontdoor.request_read_timeout_secs",
+    "max_body_bytes": "pdstack_router.frontdoor.max_body_bytes",
+    "max_connections_per_source": "pdstack_router.frontdoor.max_connections_per_source",
     "idle_timeout_secs": "pdstack_router.request_timeout_secs (+ 30 s: HAProxy's client/server timeouts)",
     "hard_stop_after_secs": "pdstack_router.request_timeout_secs (+ 60 s: HAProxy's hard-stop-after)",
     "max_connections": "pdstack_router.admission (max_concurrent_requests + queue_size: HAProxy's global maxconn)",
@@ -81,13 +86,22 @@ def limit_problems(fd: dict[str, Any]) -> list[str]:
         v = fd.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65535:
             out.append(f"{SOURCES[key]}: {v!r} is not a TCP port (1-65535)")
-    for key in ("queue_timeout_secs", "idle_timeout_secs", "hard_stop_after_secs", "retry_after_secs"):
+    for key in ("queue_timeout_secs", "idle_timeout_secs", "hard_stop_after_secs", "retry_after_secs",
+                "request_read_timeout_secs"):
         v = fd.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             out.append(f"{SOURCES[key]}: {v!r} is not a whole number of seconds >= 0")
         elif v > MAX_TIMEOUT_SECS:
             out.append(f"{SOURCES[key]}: {v} s is over HAProxy's timer limit of {MAX_TIMEOUT_SECS} s (2**31-1 ms, "
                        "~24.8 days); use a smaller value")
+    b = fd.get("max_body_bytes")
+    if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BODY_BYTES:
+        out.append(f"{SOURCES['max_body_bytes']}: {b!r} is not a byte count 1-{MAX_BODY_BYTES} (a body is buffered "
+                   "whole, one buffer per request being read: HAProxy's tune.bufsize)")
+    p = fd.get("max_connections_per_source", 0)
+    if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= MAX_CONNECTIONS:
+        out.append(f"{SOURCES['max_connections_per_source']}: {p!r} is not 0 (no limit) or a connection count "
+                   f"1-{MAX_CONNECTIONS}")
     n, q, m = fd.get("max_concurrent_requests"), fd.get("queue_size"), fd.get("max_connections")
     for key, v in (("max_concurrent_requests", n), ("queue_size", q), ("max_connections", m)):
         if isinstance(v, bool) or not isinstance(v, int):
@@ -102,9 +116,11 @@ def limit_problems(fd: dict[str, Any]) -> list[str]:
         out.append(f"{SOURCES['max_connections']}: HAProxy's maxconn would be {m}, over {MAX_CONNECTIONS} (HAProxy "
                    f"needs 2 fds per connection and cannot start past fs.nr_open; docs/facts.md, HAProxy): lower "
                    "max_concurrent_requests + queue_size")
-    elif n > 0 and n + q > m:
-        out.append(f"{SOURCES['max_connections']}: maxconn {m} is below max_concurrent_requests + queue_size "
-                   f"({n + q}): requests would wait for a connection slot outside the queue")
+    elif n > 0 and n + q > m - frontdoor.METRICS_HEADROOM:
+        out.append(f"{SOURCES['max_connections']}: the public listener's maxconn {m - frontdoor.METRICS_HEADROOM} "
+                   f"(maxconn {m} less {frontdoor.METRICS_HEADROOM} kept for the metrics listener) is below "
+                   f"max_concurrent_requests + queue_size ({n + q}): requests would wait for a connection slot "
+                   "outside the queue")
     return out
 
 
