@@ -18,6 +18,17 @@ _C_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", 
               "'": "'", "s": " "}
 
 
+
+def _escape(line: str, i: int, table: dict[str, str]) -> tuple[str, int] | None:
+    """The backslash escape at line[i] ("\\n", "\\x41", ...): (the character, how many characters it takes), or None
+    when `table` and the \\xHH form do not name it."""
+    nxt = line[i + 1:i + 2]
+    if nxt in table:
+        return table[nxt], 2
+    if nxt == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", line[i + 2:i + 4]):
+        return chr(int(line[i + 2:i + 4], 16)), 4
+    return None
+
 def systemd_split(line: str, environ: dict[str, str] | None = None) -> list[str]:
     """systemd's reading of an ExecStart= value: words split on whitespace, '...' and "..." wrap (part of) a word,
     C-style escapes in and out of quotes, `%%` -> `%` (other specifiers refused: the unit has no instance here),
@@ -62,16 +73,13 @@ def systemd_split(line: str, environ: dict[str, str] | None = None) -> list[str]
                 i += m.end()
                 continue
             if c == "\\":
-                nxt = line[i + 1:i + 2]
-                if nxt in _C_ESCAPES:
-                    word.append(_C_ESCAPES[nxt])
-                    i += 2
-                    continue
-                if nxt == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", line[i + 2:i + 4]):
-                    word.append(chr(int(line[i + 2:i + 4], 16)))
-                    i += 4
-                    continue
-                raise ValueError(f"escape \\{nxt} at column {i} is not one systemd reads the same way")
+                esc = _escape(line, i, _C_ESCAPES)
+                if esc is None:
+                    raise ValueError(f"escape \\{line[i + 1:i + 2]} at column {i} is not one systemd reads the same "
+                                     "way")
+                word.append(esc[0])
+                i += esc[1]
+                continue
             if quote is None and c in "'\"":
                 quote = c
             elif c == quote:
@@ -151,17 +159,11 @@ def haproxy_split(line: str) -> list[str]:
                 i += 1
                 continue
             if c == "\\":
-                nxt = line[i + 1:i + 2]
-                if nxt in _HAPROXY_ESCAPES:
-                    word.append(_HAPROXY_ESCAPES[nxt])
-                    i += 2
-                    continue
-                if nxt == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", line[i + 2:i + 4]):
-                    word.append(chr(int(line[i + 2:i + 4], 16)))
-                    i += 4
-                    continue
-                word.append(c)  # HAProxy keeps a backslash before any other character
-                i += 1
+                esc = _escape(line, i, _HAPROXY_ESCAPES)
+                if esc is None:  # HAProxy keeps a backslash before any other character
+                    esc = (c, 1)
+                word.append(esc[0])
+                i += esc[1]
                 continue
             if quote == '"' and c == "$":
                 raise ValueError(f"column {i}: $ inside double quotes expands an environment variable")
