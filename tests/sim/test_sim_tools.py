@@ -35,6 +35,15 @@ def _faults(s, **kw):
         p.fault(**kw)
 
 
+def _gate_under_fault(s, fault: str, **gate_kw):
+    """The tools gate run while the sim `fault` is on (on both servers), the fault cleared after."""
+    _faults(s, **{fault: True})
+    try:
+        return gates_tools.run_tool_gate(s.router.url, timeout=20, **gate_kw)
+    finally:
+        _faults(s, **{fault: None})
+
+
 def sdk_chat(client, stream: bool, **kw) -> dict:
     """One chat completion through the SDK as {content, tool_calls: [(id, name, arguments)], finish_reason};
     streamed deltas are assembled by index, as agent clients do."""
@@ -132,11 +141,7 @@ def test_tool_gate_passes_with_the_parsers_on_and_reports_the_known_upstream_lim
 
 
 def test_a_garbled_argument_fails_the_gate_naming_the_argument(agent_pd):
-    _faults(agent_pd, garble_tool_arg=True)
-    try:
-        r = gates_tools.run_tool_gate(agent_pd.router.url, timeout=20, reasoning=False)
-    finally:
-        _faults(agent_pd, garble_tool_arg=None)
+    r = _gate_under_fault(agent_pd, "garble_tool_arg", reasoning=False)
     assert not r.passed and not r.known  # known limitations are probed only when the checks pass
     bad = {c.name: c.detail for c in r.checks if not c.passed}
     assert "get_weather.city: got 'zürich', want 'Zürich'" in bad["tool_call"], bad
@@ -148,11 +153,7 @@ def test_a_garbled_argument_fails_the_gate_naming_the_argument(agent_pd):
 
 
 def test_malformed_tool_arguments_fail_the_gate(agent_pd):
-    _faults(agent_pd, malformed_tool_args=True)
-    try:
-        r = gates_tools.run_tool_gate(agent_pd.router.url, timeout=20, reasoning=False)
-    finally:
-        _faults(agent_pd, malformed_tool_args=None)
+    r = _gate_under_fault(agent_pd, "malformed_tool_args", reasoning=False)
     assert not r.passed
     bad = {c.name: c.detail for c in r.checks if not c.passed}
     assert {"tool_call", "tool_call_stream", "nested_args", "tool_choice_required"} <= set(bad), bad
@@ -160,11 +161,7 @@ def test_malformed_tool_arguments_fail_the_gate(agent_pd):
 
 
 def test_reasoning_leaking_into_content_fails_the_gate(agent_pd):
-    _faults(agent_pd, leak_reasoning=True)
-    try:
-        r = gates_tools.run_tool_gate(agent_pd.router.url, timeout=20)
-    finally:
-        _faults(agent_pd, leak_reasoning=None)
+    r = _gate_under_fault(agent_pd, "leak_reasoning")
     bad = {c.name: c.detail for c in r.checks if not c.passed}
     assert set(bad) == {"reasoning", "reasoning_stream"}, bad
     assert "reasoning leaked into content" in bad["reasoning"]
