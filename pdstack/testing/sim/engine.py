@@ -391,11 +391,12 @@ class Engine:
         whole 64-token page but the last, which keeps the question. None: untouched."""
         if not (self.faults.stale_kv and self._freed_pending):
             return None
-        other = model.pieces(self._freed_pending.popleft())
+        other = model.pieces(self._freed_pending[0])
         own = model.pieces(prompt)
         k = min(len(other), len(own) - 1) // PAGE_TOKENS * PAGE_TOKENS
-        if k <= 0:
+        if k <= 0:  # a prompt of one (partial) page: the stale pages stay free for the next request
             return None
+        self._freed_pending.popleft()
         log.warning("stale KV (sim fault stale_kv): %d of %d prompt tokens overwritten", k, len(own))
         return "".join(other[:k] + own[k:])
 
