@@ -1,6 +1,8 @@
-"""The stale_kv fault's page rule, without a stack: which request gets an aborted request's freed pages."""
+"""The stale_kv fault's page rule, without a stack: which requests an aborted request's late KV write hits."""
 
 from __future__ import annotations
+
+import time
 
 from pdstack.testing.sim import model
 from pdstack.testing.sim.config import SimConfig
@@ -17,25 +19,31 @@ def _prompt(word: str, pages: float) -> str:
     return " ".join([word] * int(pages * PAGE_TOKENS)) + " What is the code?"
 
 
-def test_a_one_page_prompt_leaves_the_stale_pages_to_the_next_long_prompt():
-    # the churn gate's admission holders ("Tell a long story ...") fit one partial page: they must not use up the
-    # aborted victim's pages before the fixed prompt comes (CI failure of test_smoke_agent under load)
-    e = _engine()
-    e._freed_pending.append(_prompt("victim", 8))
-    assert e._stale_overlay("Tell a long story 1a2b.") is None
-    assert len(e._freed_pending) == 1
-    own = _prompt("needle", 3)
-    got = e._stale_overlay(own)
-    assert got is not None and not e._freed_pending
+def _hit(got: str, own: str, other: str) -> bool:
+    """`got` is `own` with every whole page but the last replaced by `other`'s."""
     n = len(model.pieces(own))
     k = (n - 1) // PAGE_TOKENS * PAGE_TOKENS
-    assert model.pieces(got)[:k] == model.pieces(_prompt("victim", 8))[:k]
-    assert model.pieces(got)[k:] == model.pieces(own)[k:]  # the last page, with the question, is its own
+    return model.pieces(got)[:k] == model.pieces(other)[:k] and model.pieces(got)[k:] == model.pieces(own)[k:]
 
 
-def test_the_fault_off_or_no_aborted_request_changes_nothing():
+def test_every_long_prompt_in_the_write_window_is_hit_and_a_one_page_prompt_is_not():
+    # the churn gate's admission holders ("Tell a long story ...") fit one partial page; victims take pages too: the
+    # fixed prompt must be hit however many requests came before it (CI: test_smoke_agent missed it under load)
     e = _engine()
-    assert e._stale_overlay(_prompt("needle", 3)) is None
+    victim = _prompt("victim", 8)
+    e._freed_pending.append((victim, time.monotonic() + 60))
+    assert e._stale_overlay("Tell a long story 1a2b.") is None
+    for word in ("other", "needle"):
+        own = _prompt(word, 3)
+        got = e._stale_overlay(own)
+        assert got is not None and _hit(got, own, victim)
+
+
+def test_after_the_write_landed_or_with_the_fault_off_nothing_changes():
+    e = _engine()
+    assert e._stale_overlay(_prompt("needle", 3)) is None  # no aborted request
+    e._freed_pending.append((_prompt("victim", 8), time.monotonic() - 0.1))  # its late write already landed
+    assert e._stale_overlay(_prompt("needle", 3)) is None and not e._freed_pending
+    e._freed_pending.append((_prompt("victim", 8), time.monotonic() + 60))
     e.faults.stale_kv = False
-    e._freed_pending.append(_prompt("victim", 8))
-    assert e._stale_overlay(_prompt("needle", 3)) is None and len(e._freed_pending) == 1
+    assert e._stale_overlay(_prompt("needle", 3)) is None

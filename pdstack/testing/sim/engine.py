@@ -32,6 +32,7 @@ from pdstack.testing.sim.metrics import SimMetrics
 log = logging.getLogger("pdstack.testing.sim")
 
 PAGE_TOKENS = 64  # prefix-cache page, as SGLang's page size for this model
+STALE_WRITE_MIN_S = 1.0  # the stale_kv fault: an aborted request's late KV write lands at least this long after
 
 
 class SimAbort(Exception):
@@ -136,7 +137,8 @@ class Engine:
         self.hicache_total_tokens = hicache_tokens
         self.cache = PrefixCache(cfg.max_total_tokens + hicache_tokens)
         self._hit_window: deque[tuple[int, int]] = deque(maxlen=200)  # (cached, prompt) of recent requests
-        self._freed_pending: deque[str] = deque(maxlen=64)  # prompts of requests aborted with their KV on the way
+        # (prompt, until): requests aborted on decode whose KV is still on the way (the stale_kv fault's late writes)
+        self._freed_pending: deque[tuple[str, float]] = deque(maxlen=64)
         self._sync_gauges()
 
     # ---------------------------------------------------------------- bookkeeping
@@ -382,21 +384,28 @@ class Engine:
             async for ev in self._decode_flow(req, prompt_ids, pieces):
                 yield ev
         except asyncio.CancelledError:  # the client went away: its pages go back to the pool, unscrubbed
-            self._freed_pending.append(req.prompt)
+            # its prefill goes on and sends the KV late: the write lands within about the prompt's prefill time
+            late = max(STALE_WRITE_MIN_S, len(prompt_ids) / self.cfg.prefill_tokens_per_s)
+            self._freed_pending.append((req.prompt, time.monotonic() + late))
             raise
 
     def _stale_overlay(self, prompt: str) -> str | None:
-        """The stale_kv fault: the prompt text the KV of `prompt` holds after the late KV write of a request aborted
-        on this decode (client gone; its prefill still sends) landed on the freed pages this request got: every
-        whole 64-token page but the last, which keeps the question. None: untouched."""
-        if not (self.faults.stale_kv and self._freed_pending):
+        """The stale_kv fault: the prompt text the KV of `prompt` holds when the late KV write of a request aborted
+        on this decode (client gone; its prefill still sends) lands on the freed pages this request got: every whole
+        64-token page but the last, which keeps the question. Every request that gets its KV while such a write is
+        on the way (the newest one) is hit; a prompt of one partial page has no whole page to hit. None: untouched."""
+        if not self.faults.stale_kv:
             return None
-        other = model.pieces(self._freed_pending[0])
+        now = time.monotonic()
+        while self._freed_pending and self._freed_pending[0][1] < now:
+            self._freed_pending.popleft()
+        if not self._freed_pending:
+            return None
+        other = model.pieces(self._freed_pending[-1][0])
         own = model.pieces(prompt)
         k = min(len(other), len(own) - 1) // PAGE_TOKENS * PAGE_TOKENS
-        if k <= 0:  # a prompt of one (partial) page: the stale pages stay free for the next request
+        if k <= 0:
             return None
-        self._freed_pending.popleft()
         log.warning("stale KV (sim fault stale_kv): %d of %d prompt tokens overwritten", k, len(own))
         return "".join(other[:k] + own[k:])
 
