@@ -27,6 +27,9 @@ from pdstack.controller.gates import apikey, gates_tools, recall
 DEFAULT_LENGTHS = [1000, 4000, 16000]
 DISCONNECT_FRACTIONS = (0.2, 0.5, 0.8, 0.95)  # of the victim's alone TTFT: mid-prefill ... mid-transfer
 REFUSED = (408, 429, 503)
+# an admission holder's answer: long enough to stay in flight while a fixed prompt is asked, short enough that a
+# fixed prompt queued behind the holders at the limit waits a few seconds, not a holder's whole answer
+HOLDER_TOKENS = 128
 # plain words every tokenizer (the sim's included) knows, so a random run of them is a prompt prefix never seen before
 NONCE_WORDS = ("river", "mountain", "garden", "window", "morning", "evening", "ocean", "valley", "stone", "silver",
                "quiet", "bright", "ancient", "distant", "hidden", "simple", "steady", "patient", "winter", "summer")
@@ -220,7 +223,7 @@ def run_churn_gate(url: str, *, tokenizer: str | Path, lengths: list[int] | None
 
     def holder_loop() -> None:  # keeps one long request in flight at the front door
         while not stop.is_set():
-            body = _chat_body(model, f"Tell a long story {rng.getrandbits(32):x}.", 512)
+            body = _chat_body(model, f"Tell a long story {rng.getrandbits(32):x}.", HOLDER_TOKENS)
             c = _conn(url, timeout)
             try:
                 _send(c, body, headers)
