@@ -31,7 +31,7 @@ def test_every_long_prompt_in_the_write_window_is_hit_and_a_one_page_prompt_is_n
     # fixed prompt must be hit however many requests came before it (CI: test_smoke_agent missed it under load)
     e = _engine()
     victim = _prompt("victim", 8)
-    e._freed_pending.append((victim, time.monotonic() + 60))
+    e._late_writes.aborted(victim, 60)
     assert e._stale_overlay("Tell a long story 1a2b.") is None
     for word in ("other", "needle"):
         own = _prompt(word, 3)
@@ -42,8 +42,8 @@ def test_every_long_prompt_in_the_write_window_is_hit_and_a_one_page_prompt_is_n
 def test_after_the_write_landed_or_with_the_fault_off_nothing_changes():
     e = _engine()
     assert e._stale_overlay(_prompt("needle", 3)) is None  # no aborted request
-    e._freed_pending.append((_prompt("victim", 8), time.monotonic() - 0.1))  # its late write already landed
-    assert e._stale_overlay(_prompt("needle", 3)) is None and not e._freed_pending
-    e._freed_pending.append((_prompt("victim", 8), time.monotonic() + 60))
+    e._late_writes.pending.append((_prompt("victim", 8), time.monotonic() - 0.1))  # its late write already landed
+    assert e._stale_overlay(_prompt("needle", 3)) is None and not e._late_writes.pending
+    e._late_writes.aborted(_prompt("victim", 8), 60)
     e.faults.stale_kv = False
     assert e._stale_overlay(_prompt("needle", 3)) is None

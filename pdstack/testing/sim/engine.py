@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
-from pdstack.testing.sim import model, toolcalls
+from pdstack.testing.sim import model, stale_pages, toolcalls
 from pdstack.testing.sim.bootstrap import BootstrapClient, BootstrapFailed, RoomRegistry, TransferFailed
 from pdstack.testing.sim.config import Role, SimConfig
 from pdstack.testing.sim.faults import Faults
@@ -32,7 +32,6 @@ from pdstack.testing.sim.metrics import SimMetrics
 log = logging.getLogger("pdstack.testing.sim")
 
 PAGE_TOKENS = 64  # prefix-cache page, as SGLang's page size for this model
-STALE_WRITE_MIN_S = 1.0  # the stale_kv fault: an aborted request's late KV write lands at least this long after
 
 
 class SimAbort(Exception):
@@ -137,8 +136,7 @@ class Engine:
         self.hicache_total_tokens = hicache_tokens
         self.cache = PrefixCache(cfg.max_total_tokens + hicache_tokens)
         self._hit_window: deque[tuple[int, int]] = deque(maxlen=200)  # (cached, prompt) of recent requests
-        # (prompt, until): requests aborted on decode whose KV is still on the way (the stale_kv fault's late writes)
-        self._freed_pending: deque[tuple[str, float]] = deque(maxlen=64)
+        self._late_writes = stale_pages.LateWrites(PAGE_TOKENS)  # requests aborted on decode, their KV on the way
         self._sync_gauges()
 
     # ---------------------------------------------------------------- bookkeeping
@@ -384,30 +382,12 @@ class Engine:
             async for ev in self._decode_flow(req, prompt_ids, pieces):
                 yield ev
         except asyncio.CancelledError:  # the client went away: its pages go back to the pool, unscrubbed
-            # its prefill goes on and sends the KV late: the write lands within about the prompt's prefill time
-            late = max(STALE_WRITE_MIN_S, len(prompt_ids) / self.cfg.prefill_tokens_per_s)
-            self._freed_pending.append((req.prompt, time.monotonic() + late))
+            self._late_writes.aborted(req.prompt, len(prompt_ids) / self.cfg.prefill_tokens_per_s)
             raise
 
     def _stale_overlay(self, prompt: str) -> str | None:
-        """The stale_kv fault: the prompt text the KV of `prompt` holds when the late KV write of a request aborted
-        on this decode (client gone; its prefill still sends) lands on the freed pages this request got: every whole
-        64-token page but the last, which keeps the question. Every request that gets its KV while such a write is
-        on the way (the newest one) is hit; a prompt of one partial page has no whole page to hit. None: untouched."""
-        if not self.faults.stale_kv:
-            return None
-        now = time.monotonic()
-        while self._freed_pending and self._freed_pending[0][1] < now:
-            self._freed_pending.popleft()
-        if not self._freed_pending:
-            return None
-        other = model.pieces(self._freed_pending[-1][0])
-        own = model.pieces(prompt)
-        k = min(len(other), len(own) - 1) // PAGE_TOKENS * PAGE_TOKENS
-        if k <= 0:
-            return None
-        log.warning("stale KV (sim fault stale_kv): %d of %d prompt tokens overwritten", k, len(own))
-        return "".join(other[:k] + own[k:])
+        """The stale_kv fault (stale_pages.py): the prompt text the KV of `prompt` holds; None: untouched."""
+        return self._late_writes.overlay(prompt) if self.faults.stale_kv else None
 
     async def _decode_flow(self, req: GenRequest, prompt_ids: list[int], pieces: list[str]):
         host, port, room = req.bootstrap_host, req.bootstrap_port, req.bootstrap_room
