@@ -54,14 +54,17 @@ def lint(c: Context, fix: bool = False) -> None:
 
 
 @task(help={"k": "only tests matching this pytest -k expression", "fast": "skip tests marked slow",
-            "no_lint": "skip the linters"})
-def test(c: Context, k: str = "", fast: bool = False, no_lint: bool = False) -> None:
-    """Lint, then the whole test suite (integration tests included; they are marked slow and run here too)."""
+            "no_lint": "skip the linters", "workers": "pytest-xdist worker processes (0: one process, no xdist)"})
+def test(c: Context, k: str = "", fast: bool = False, no_lint: bool = False, workers: int = 2) -> None:
+    """Lint, then the whole test suite (integration tests included; they are marked slow and run here too), on
+    `workers` pytest-xdist processes: the tests of the pdstack-test-N hosts on one, the rest beside them."""
     if not no_lint:
         lint(c)
     args = ["-m", "not slow"] if fast else []
     if k:
         args += ["-k", k]
+    if workers > 0:
+        args += ["-n", str(workers), "--dist", "loadgroup", "--durations", "30"]
     with c.cd(str(ROOT)):
         c.run(f"{PY} -m pytest {' '.join(map(shlex.quote, args))}", echo=True, pty=sys.stdout.isatty(), env=_env())
 

@@ -34,6 +34,8 @@ import pytest
 import site_helpers
 from site_helpers import BIN, ROOT, engine_or_skip, host_file, recap, sh
 
+# pyproject.toml's pdstack_shared_host_tests lists this file: one xdist worker runs every test of the pdstack-test-N
+# hosts, in file order (pdstack/testing/parallel.py)
 pytestmark = pytest.mark.slow
 
 ONE = ROOT / "inventory" / "test" / "one-host"

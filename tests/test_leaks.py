@@ -45,11 +45,11 @@ CLEAN = textwrap.dedent('''
 ''')
 
 
-def run_session(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
+def run_session(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProcess:
     (tmp_path / "test_inner.py").write_text(source)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PDSTACK_LEAK_GRACE_S": "0.5"}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "pdstack.testing.leaks", "-p", "no:cacheprovider",
-                           "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")], cwd=tmp_path, env=env,
+                           "--rootdir", str(tmp_path), *args, str(tmp_path / "test_inner.py")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -82,3 +82,25 @@ def test_a_session_that_stops_what_it_started_passes(tmp_path):
     assert r.returncode == 1 and "1 failed, 1 passed in" in r.stdout, r.stdout  # the on-purpose failure only
     assert "leaked" not in r.stdout and "processes left behind" not in r.stdout, r.stdout
     assert not sleepers(3610)
+
+
+def test_under_xdist_a_worker_that_leaves_processes_behind_fails_the_run(tmp_path):
+    """`invoke test` runs two pytest-xdist workers; xdist ignores a worker's exit status, so the worker hands its
+    findings to the controller, which fails the run with them."""
+    r = run_session(tmp_path, LEAKY, "-n", "2")
+    out = r.stdout
+    assert r.returncode == 1, out
+    assert "3 passed, 2 leaked" in out, out
+    assert "processes left behind" in out
+    assert "test_inner.py::test_leaks_a_child_in_its_own_session): sleep 3607" in out, out
+    assert "test_inner.py::test_leaks_an_orphan): sleep 3608" in out, out
+    deadline = time.monotonic() + 5
+    while sleepers(3607, 3608) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not sleepers(3607, 3608)
+
+
+def test_under_xdist_a_clean_run_reports_no_leak(tmp_path):
+    r = run_session(tmp_path, CLEAN, "-n", "2")
+    assert r.returncode == 1 and "1 failed, 1 passed in" in r.stdout, r.stdout
+    assert "leaked" not in r.stdout and "processes left behind" not in r.stdout, r.stdout

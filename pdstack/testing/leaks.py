@@ -12,6 +12,9 @@ counts as started by the session when it is
 After each test the plugin notes which new processes appeared during it, so the report can name the test. At the
 end it waits a few seconds (PDSTACK_LEAK_GRACE_S, default 3) for stragglers, then lists what is still alive (pid,
 the test it appeared in, its command line), terminates it (SIGTERM, then SIGKILL), and sets the exit status to 1.
+Under pytest-xdist (`invoke test` runs two workers) each worker checks its own tests' processes and hands what it
+found to the controller (xdist ignores a worker's exit status), which reports it and fails the run; the controller
+runs no test, so it does not scan (its workers are its descendants until the very end).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import pytest
 
 MARK = "PDSTACK_TEST_SESSION"
 _KEY = pytest.StashKey[tuple]()  # (the detector, the MARK value before this session)
+_WORKER_LEAKS = pytest.StashKey[list]()  # on the xdist controller: (count, message) from each worker
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -120,8 +124,37 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
     item.config.stash[_KEY][0].note(item.nodeid)
 
 
+def _xdist_controller(config: pytest.Config) -> bool:
+    return config.pluginmanager.hasplugin("dsession") and not hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """xdist, on the controller: a worker finished; keep what its leak check found."""
+    found = getattr(node, "workeroutput", {}).get("pdstack_leaks")
+    if found:
+        node.config.stash.setdefault(_WORKER_LEAKS, []).append((found["count"], f"[{node.gateway.id}] {found['msg']}"))
+
+
+def _report(session: pytest.Session, count: int, msg: str) -> None:
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.ensure_newline()
+        tr.write_sep("=", "processes left behind", red=True, bold=True)
+        tr.write_line(msg)
+        tr.stats.setdefault("leaked", []).extend(range(count))  # the last line then says "N passed, M leaked"
+    else:
+        print(msg)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
+    if _xdist_controller(session.config):
+        found = session.config.stash.get(_WORKER_LEAKS, [])
+        if found:
+            _report(session, sum(n for n, _ in found), "\n".join(msg for _, msg in found))
+        return
     det: LeakDetector = session.config.stash[_KEY][0]
     left = det.wait_left()
     if not left:
@@ -129,15 +162,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     lines = [f"pid {p.pid} (appeared during {det.seen_in.get(p.pid, 'an unknown test; orphaned')}): {_cmdline(p)}"
              for p in left]
     det.terminate(left)
-    tr = session.config.pluginmanager.get_plugin("terminalreporter")
     msg = (f"{len(left)} process(es) started by this test session were still alive at its end (now terminated); "
            "every test must stop what it started, on failure too:\n" + "\n".join(lines))
-    if tr is not None:
-        tr.ensure_newline()
-        tr.write_sep("=", "processes left behind", red=True, bold=True)
-        tr.write_line(msg)
-        tr.stats.setdefault("leaked", []).extend(left)  # the last line then says "N passed, M leaked"
-    else:
-        print(msg)
-    session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: the controller reports it and fails the run
+        session.config.workeroutput["pdstack_leaks"] = {"count": len(left), "msg": msg}
+    _report(session, len(left), msg)

@@ -55,7 +55,7 @@ def report_lines(durations: dict[str, float], budget: dict[str, float]) -> list[
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    if not _durations:
+    if not _durations or hasattr(config, "workerinput"):  # under xdist the controller gets every worker's reports
         return
     terminalreporter.section("time budget")
     for line in report_lines(dict(_durations), load_budget()):

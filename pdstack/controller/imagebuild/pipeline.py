@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -90,7 +91,10 @@ def build(flavor: str = "prod", base: str | None = None, save: str | None = None
         out["pushed"] = pushed  # a later build of the same image without --push keeps the digest hosts pull
     out["seconds"] = round(time.monotonic() - t0, 2)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    # atomically: a playbook (the image phase) may read this manifest while another build of the same flavor writes
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
     echo(f"{tag}: {out['size_bytes'] / 1e6:.0f} MB, {'no-op' if noop else 'built'} in {out['seconds']:.1f} s; "
          f"manifest {rel(path)}")
     return out
