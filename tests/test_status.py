@@ -123,6 +123,11 @@ def _refusing(rep):
     rep["prometheus"]["requests_5m"][HOST] = 200
 
 
+def _router_down_refusals(rep):
+    rep["prometheus"]["refused_5m"][HOST] = {"queue-full": 0, "maintenance": 50, "queue-timeout/router-down": 30}
+    rep["prometheus"]["requests_5m"][HOST] = 200
+
+
 def _backoff(rep):
     st = rep["watchdog"]["state"]
     now = time.time()
@@ -173,6 +178,8 @@ PROBLEMS = [  # (mutation, words the finding's line names, words its next comman
     (_no_socket, "runtime API /run/haproxy/admin.sock", "journalctl -u haproxy"),
     (_refusing, "refused 43 of 200 requests in the last 5 minutes (queue-full 40, queue-timeout/router-down 3)",
      "pdstack_router.admission"),
+    (_router_down_refusals, "refused 30 of 200 requests in the last 5 minutes (queue-timeout/router-down 30)",
+     "journalctl -u pdstack-router"),
     (_backoff, "backing off: gave up restarting (3 restart(s)", "--reset"),
     (_probe_failing, "failed at decode (exit 14, 1 in a row): no token for 5 s", "journalctl -u pdstack-watchdog"),
     (_timer, "timer pdstack-watchdog.timer is inactive", "--tags watchdog_run"),
@@ -208,7 +215,8 @@ def test_a_failed_smoke_run_needs_attention():
     (lambda r: r["prometheus"]["refused_5m"][HOST].update({"queue-full": 2}), "refused 2 request(s)"),
     (lambda r: r["watchdog"]["state"].update(restarts=[[time.time() - 60, "pdstack-server-decode-0.service"]]),
      "restarted 1 unit(s) in the last hour (budget 3)"),
-], ids=["restarts", "pending-alert", "few-refusals", "watchdog-restarted"])
+    (lambda r: r["prometheus"]["refused_5m"][HOST].update({"maintenance": 3}), "with its maintenance switch on"),
+], ids=["restarts", "pending-alert", "few-refusals", "watchdog-restarted", "maintenance-refusals"])
 def test_notes_are_shown_but_leave_the_exit_code_at_0(mutate, what):
     rep = healthy()
     mutate(rep)

@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(view, indent=1, default=str), flush=True)
             else:
-                if args.watch and color:
+                if args.watch and sys.stdout.isatty():
                     print("\x1b[H\x1b[2J", end="")
                 print(status_view.render(view, color=color), flush=True)
             if not args.watch:

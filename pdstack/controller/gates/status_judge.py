@@ -158,15 +158,24 @@ def _frontdoor(inv: str, host: str, rep: dict[str, Any], view: dict[str, Any]) -
         out.append(Finding(ATTENTION, where, f"marks the router {fd.get('router_status')}: clients get 503 "
                            "router-down", on_host(inv, host, "journalctl -u pdstack-router -n 50 --no-pager")))
     refused, requests = refusals(view, host, fd)
-    total = sum(refused.values())
+    # maintenance refusals are a rolling restart's, by design: shown; the others count against the 5 % threshold
+    busy = {k: v for k, v in refused.items() if v and k != "maintenance"}
+    total = sum(busy.values())
     if total and requests and total / requests > REFUSED_RATIO:
+        if busy.get("queue-full"):  # busy: more than N in flight and Q waiting
+            nxt = ("raise pdstack_router.admission (docs/admission.md) or add capacity; Prometheus: "
+                   "pdstack:frontdoor_refused:rate5m")
+        else:  # 503s after the queue timeout, or the router down
+            nxt = on_host(inv, host, "journalctl -u pdstack-router -n 50 --no-pager") + " (a queue timeout or the " \
+                "router down; haproxy's journal tells which)"
         out.append(Finding(ATTENTION, where, f"refused {total} of {requests} requests in the last 5 minutes ("
-                           + ", ".join(f"{k} {v}" for k, v in refused.items() if v) + ")",
-                           "raise pdstack_router.admission (docs/admission.md) or add capacity; see "
-                           "Prometheus' pdstack:frontdoor_refused:rate5m"))
+                           + ", ".join(f"{k} {v}" for k, v in busy.items()) + ")", nxt))
     elif total:
         out.append(Finding(NOTE, where, f"refused {total} request(s) in the last 5 minutes ("
-                           + ", ".join(f"{k} {v}" for k, v in refused.items() if v) + ")"))
+                           + ", ".join(f"{k} {v}" for k, v in busy.items()) + ")"))
+    if refused.get("maintenance"):
+        out.append(Finding(NOTE, where, f"refused {refused['maintenance']} request(s) in the last 5 minutes with its "
+                           "maintenance switch on (a rolling restart of the only server of a role)"))
     return out
 
 
