@@ -357,7 +357,7 @@ def test_the_ansible_command_runs_the_collector_with_the_hosts_python():
     assert argv[1:5] == ["all", "-i", "inventory/production", "-m"]
     args = json.loads(argv[-1])
     assert args["executable"] == "/usr/bin/python3" and str(status.COLLECTOR) in args["cmd"]
-    assert status.COLLECTOR.exists()
+    assert status.COLLECTOR.exists() and "--dcgm-port" in args["cmd"] and "--prometheus-port 9090" in args["cmd"]
 
 
 def test_smoke_result_reads_the_latest_summary(tmp_path):
@@ -447,14 +447,14 @@ def test_the_front_door_is_read_over_its_runtime_socket(tmp_path):
 
 
 def test_collect_without_a_plan_says_not_deployed(tmp_path):
-    rep = sc.collect(str(tmp_path / "plan.json"), prometheus_port=1, images_path=str(tmp_path / "i.json"))
+    rep = sc.collect(str(tmp_path / "plan.json"), prometheus_port=1, dcgm_port=1, images_path=str(tmp_path / "i.json"))
     assert rep["plan"] is None and "does not exist" in rep["plan_error"]
     assert rep["servers"] == [] and rep["router"] is None and rep["prometheus"] is None
 
 
 def test_the_collector_runs_as_a_script_with_only_the_standard_library(tmp_path):
     r = subprocess.run(["python3", "-I", str(status.COLLECTOR), "--plan", str(tmp_path / "none.json"),
-                        "--prometheus-port", "1"], capture_output=True, text=True, timeout=60)
+                        "--prometheus-port", "1", "--dcgm-port", "1"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["plan"] is None
 

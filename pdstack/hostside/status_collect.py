@@ -206,7 +206,10 @@ def units(names: list[str]) -> dict[str, Any]:
     rc, out, err = _run(["systemctl", "show", "--no-pager", "-p", ",".join(UNIT_PROPS), *names])
     if rc != 0:
         return {"error": f"systemctl show: {err or rc}"}
-    return parse_systemctl_show(out)
+    parsed = parse_systemctl_show(out)
+    for props in parsed.values():  # epoch seconds, for the controller's "since" (its clock, not this host's format)
+        props["active_since"] = systemd_timestamp(props.get("ActiveEnterTimestamp", ""))
+    return parsed
 
 
 def journal_restarts(names: list[str], now: float) -> dict[str, int] | dict[str, str]:
@@ -321,8 +324,9 @@ def health(port: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- the whole host
 
 
-def collect(plan_path: str = PLAN, *, prometheus_port: int = 9090, dcgm_port: int = 9400,
-            images_path: str = IMAGES, watchdog_path: str = WATCHDOG_CONFIG) -> dict[str, Any]:
+def collect(plan_path: str, *, prometheus_port: int, dcgm_port: int, images_path: str = IMAGES,
+            watchdog_path: str = WATCHDOG_CONFIG) -> dict[str, Any]:
+    """The host's report. The ports come from the controller (the roles' defaults, the plan's): one source."""
     now = time.time()
     out: dict[str, Any] = {"host": socket.gethostname(), "time": now, "plan_file": plan_path}
     plan = read_json(plan_path)
@@ -384,8 +388,8 @@ def watchdog(cfg: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="status_collect.py", description=__doc__.splitlines()[0])
     p.add_argument("--plan", default=PLAN)
-    p.add_argument("--prometheus-port", type=int, default=9090)
-    p.add_argument("--dcgm-port", type=int, default=9400)
+    p.add_argument("--prometheus-port", type=int, required=True, help="Prometheus' port on a monitoring host")
+    p.add_argument("--dcgm-port", type=int, required=True, help="dcgm-exporter's port on a GPU host")
     a = p.parse_args(argv)
     json.dump(collect(a.plan, prometheus_port=a.prometheus_port, dcgm_port=a.dcgm_port), sys.stdout)
     sys.stdout.write("\n")

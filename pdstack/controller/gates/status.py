@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pdstack.controller.gates import status_judge, status_view
-from pdstack.controller.load import inventory
+from pdstack.controller.load import inventory, rules
 from pdstack.errors import InventoryError, PdstackError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -38,8 +38,21 @@ def check_inventory(source: str) -> list[str]:
     return sorted(hostvars)
 
 
-def ansible_command(source: str, *, prometheus_port: int = 9090, dcgm_port: int = 9400) -> list[str]:
+def ports(source: str) -> tuple[int, int]:
+    """(Prometheus, dcgm-exporter) ports: the plan's dcgm port when this controller planned the inventory, else the
+    roles' defaults (load/rules.py, the one source of those ports)."""
+    dcgm = rules.role_port("dcgm_exporter", "dcgm_exporter_port")
+    plan = ROOT / "build" / "state" / Path(source).resolve().name / "plan.json"
+    try:
+        dcgm = int(json.loads(plan.read_text())["monitoring"]["dcgm_exporter_port"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return rules.role_port("prometheus", "prometheus_listen"), dcgm
+
+
+def ansible_command(source: str) -> list[str]:
     ansible = Path(sys.executable).parent / "ansible"
+    prometheus_port, dcgm_port = ports(source)
     args = f"{COLLECTOR} --prometheus-port {prometheus_port} --dcgm-port {dcgm_port}"
     return [str(ansible) if ansible.exists() else "ansible", "all", "-i", source, "-m", "ansible.builtin.script",
             "-a", json.dumps({"cmd": args, "executable": "/usr/bin/python3"})]

@@ -34,7 +34,13 @@ def _image(rep: dict[str, Any], container: str) -> str:
 
 def _unit(rep: dict[str, Any], unit: str) -> str:
     u = (rep.get("units") or {}).get(unit) or {}
-    return f"{u.get('ActiveState', '?')}/{u.get('SubState', '?')}" if u else "?"
+    if not u:
+        return "?"
+    since = u.get("active_since") if u.get("ActiveState") == "active" else None
+    up = ""
+    if isinstance(since, (int, float)):  # how long it has been up, by the host's clock (its report's time)
+        up = " " + ago((rep.get("time") or time.time()) - since).removesuffix(" ago")
+    return f"{u.get('ActiveState', '?')}/{u.get('SubState', '?')}{up}"
 
 
 def servers(view: dict[str, Any]) -> list[str]:
