@@ -185,7 +185,7 @@ PROBLEMS = [  # (mutation, words the finding's line names, words its next comman
     (_timer, "timer pdstack-watchdog.timer is inactive", "--tags watchdog_run"),
     (_alert, "firing since 2026-12-02T10:00:00Z: Decode decode-0 is wedged", "/alerts"),
     (_not_deployed, "not deployed: /etc/pdstack/plan.json does not exist", "invoke deploy -i inventory/local"),
-    (_collector_failed, "the status collector failed: /usr/bin/python3: not found", "status_collect.py"),
+    (_collector_failed, "the status collector failed: /usr/bin/python3: not found", "/usr/bin/python3 --version"),
 ]
 
 
@@ -358,6 +358,18 @@ def test_the_ansible_command_runs_the_collector_with_the_hosts_python():
     args = json.loads(argv[-1])
     assert args["executable"] == "/usr/bin/python3" and str(status.COLLECTOR) in args["cmd"]
     assert status.COLLECTOR.exists() and "--dcgm-port" in args["cmd"] and "--prometheus-port 9090" in args["cmd"]
+
+
+def test_the_ports_are_the_roles_defaults_or_the_plans(tmp_path, monkeypatch):
+    from pdstack.controller.load import rules
+    default = (rules.role_port("prometheus", "prometheus_listen"), rules.role_port("dcgm_exporter",
+                                                                                   "dcgm_exporter_port"))
+    monkeypatch.setattr(status, "ROOT", tmp_path)
+    assert status.ports("inventory/production") == default
+    plan = tmp_path / "build" / "state" / "production" / "plan.json"
+    plan.parent.mkdir(parents=True)
+    plan.write_text(json.dumps({"monitoring": {"dcgm_exporter_port": 19400}}))
+    assert status.ports("inventory/production") == (default[0], 19400)
 
 
 def test_smoke_result_reads_the_latest_summary(tmp_path):

@@ -58,8 +58,8 @@ def judge(view: dict[str, Any], now: float | None = None) -> list[Finding]:
             continue
         if rep.get("failed"):
             out.append(Finding(ATTENTION, host, f"the status collector failed: {rep['failed']}",
-                               f"ansible {host} -i {inv} -m script -a 'pdstack/hostside/status_collect.py "
-                               "executable=/usr/bin/python3'"))
+                               on_host(inv, host, "/usr/bin/python3 --version; ls -l /etc/pdstack") + " (it runs "
+                               "pdstack/hostside/status_collect.py with the host's /usr/bin/python3)"))
             continue
         if not rep.get("plan"):
             out.append(Finding(ATTENTION, host, f"not deployed: {rep.get('plan_error') or 'no plan.json'}",
