@@ -354,7 +354,8 @@ def test_parse_ansible_maps_each_host_outcome():
 
 def test_the_ansible_command_runs_the_collector_with_the_hosts_python():
     argv = status.ansible_command("inventory/production")
-    assert argv[1:5] == ["all", "-i", "inventory/production", "-m"]
+    assert argv[1:3] == ["all", "-i"] and argv[3] == str((Path.cwd() / "inventory/production").resolve())
+    assert "ansible.builtin.script" in argv
     args = json.loads(argv[-1])
     assert args["executable"] == "/usr/bin/python3" and str(status.COLLECTOR) in args["cmd"]
     assert status.COLLECTOR.exists() and "--dcgm-port" in args["cmd"] and "--prometheus-port 9090" in args["cmd"]

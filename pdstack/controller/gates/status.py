@@ -54,7 +54,9 @@ def ansible_command(source: str) -> list[str]:
     ansible = Path(sys.executable).parent / "ansible"
     prometheus_port, dcgm_port = ports(source)
     args = f"{COLLECTOR} --prometheus-port {prometheus_port} --dcgm-port {dcgm_port}"
-    return [str(ansible) if ansible.exists() else "ansible", "all", "-i", source, "-m", "ansible.builtin.script",
+    # absolute: ansible runs in the repo root (its ansible.cfg), the operator anywhere; a hung host gives up alone
+    return [str(ansible) if ansible.exists() else "ansible", "all", "-i", str(Path(source).resolve()), "-T", "10",
+            "--task-timeout", "30", "-m", "ansible.builtin.script",
             "-a", json.dumps({"cmd": args, "executable": "/usr/bin/python3"})]
 
 
