@@ -163,6 +163,19 @@ def demo(c: Context, count: int = 1) -> None:
           "remove the host: invoke testhost.down")
 
 
+@task(help={"inventory": "inventory directory (default: ansible.cfg's, the local test host)",
+            "json": "print JSON", "watch": "refresh every N seconds (0: once)"})
+def status(c: Context, inventory: str = "", json: bool = False, watch: int = 0) -> None:
+    """Read-only health of a deployment (`pdstack status`): exit 0 well, 1 attention, 2 bad inventory, 3 unreachable."""
+    cmd = [PY, "-m", "pdstack", "status", "-i", inventory or default_inventory()]
+    cmd += ["--json"] if json else []
+    cmd += ["--watch", str(watch)] if watch else []
+    with c.cd(str(ROOT)):
+        r = c.run(shlex.join(cmd), echo=False, warn=True, pty=sys.stdout.isatty(), env=_env())
+    if not r.ok:
+        raise Exit(code=r.exited)
+
+
 @task(help={"inventory": "inventory directory (default: ansible.cfg's, the local test host)"})
 def rollback(c: Context, inventory: str = "") -> None:
     """Return every server and the router to the image deployed before the current one (kept on each host)."""
@@ -215,5 +228,5 @@ testhost.add_task(testhost_status, name="status")
 lock = Collection("lock")
 lock.add_task(lock_prod_image, name="prod-image")
 
-ns = Collection(lint, test, plan, deploy, rollback, kernels, demo, testhost, build, lock)
+ns = Collection(lint, test, plan, deploy, status, rollback, kernels, demo, testhost, build, lock)
 ns.configure({"run": {"echo": True}})

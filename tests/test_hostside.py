@@ -22,7 +22,7 @@ SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
 ALLOWED = {
     "hostside": {"pdstack/__init__.py", "pdstack/hostside/__init__.py", "pdstack/hostside/facts.py",
                  "pdstack/hostside/probe.py", "pdstack/hostside/watchdog.py", "pdstack/hostside/restart_unit.py",
-                 "pdstack/hostside/drain.py"},
+                 "pdstack/hostside/drain.py", "pdstack/hostside/status_collect.py"},
     "image": {"pdstack/__init__.py", "pdstack/errors.py", "pdstack/image/__init__.py", "pdstack/image/patches.py"},
 }
 
@@ -77,5 +77,10 @@ def test_every_hostside_module_is_installed_by_its_role():
     # roles/serving copies drain (the rolling restart's steps) onto the serving hosts and the router host
     for tasks in ("configure.yml", "restart.yml"):
         assert "pdstack/hostside/drain.py" in (ROOT / "roles/serving/tasks" / tasks).read_text(), tasks
-    hostside = {"__init__.py", "facts.py", "probe.py", "watchdog.py", "restart_unit.py", "drain.py"}
+    # `pdstack status` ships status_collect.py itself, each run (`ansible -m script`): no role installs it
+    from pdstack.controller.gates import status
+    assert status.COLLECTOR == ROOT / "pdstack" / "hostside" / "status_collect.py"
+    assert json.loads(status.ansible_command("inventory/local")[-1])["cmd"].startswith(str(status.COLLECTOR) + " ")
+    hostside = {"__init__.py", "facts.py", "probe.py", "watchdog.py", "restart_unit.py", "drain.py",
+                "status_collect.py"}
     assert {p.name for p in (ROOT / "pdstack" / "hostside").glob("*.py")} == hostside, sys.version
