@@ -148,7 +148,19 @@ def demo(c: Context, count: int = 1) -> None:
     """The main job on the embedded default: build the sim image, boot the local test host, run site.yml (which
     ends with the smoke checks), print the summary."""
     _no_dry(c, "demo")
-    build_image(c, flavor="sim", save="build/images/sim.tar")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pdstack.errors import PdstackError
+    from pdstack.testing.testhost import baseimage
+    # the test host's base image beside the sim image: on a cold machine both start with a debootstrap, which waits
+    # on the network and the disk more than on the CPU (each a no-op when its image exists)
+    with ThreadPoolExecutor(1) as pool:
+        base = pool.submit(baseimage.ensure_base_image)
+        build_image(c, flavor="sim", save="build/images/sim.tar")
+        try:
+            base.result()
+        except PdstackError as e:
+            raise Exit(str(e), 1) from e
     testhost_up(c, count=count)
     deploy(c)
     print("\n==== pdstack demo: what was deployed ====")

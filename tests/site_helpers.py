@@ -1,11 +1,15 @@
-"""Helpers of the tests that run site.yml against systemd test hosts (tests/test_site.py, tests/test_image_pull.py)."""
+"""Helpers of the tests that run site.yml against systemd test hosts (tests/test_site.py, tests/test_site_rollouts.py,
+tests/test_image_pull.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -46,3 +50,25 @@ def sh(host: str, *cmd: str, timeout: int = 60) -> subprocess.CompletedProcess:
 def host_file(host: str, path: str) -> str | None:
     r = sh(host, "cat", path)
     return r.stdout if r.returncode == 0 else None
+
+
+def container_id(host: str, name: str) -> str | None:
+    """The container's id, or None while it does not exist (between a stop and systemd's restart)."""
+    r = sh(host, "docker", "inspect", "--format", "{{.Id}}", name)
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def post(url: str, body: dict, timeout: float = 60) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+        return -1, str(e)
+
+
+def completion(router: str, max_tokens: int = 8, timeout: float = 60) -> tuple[int, str]:
+    return post(f"{router}/v1/completions", {"model": "deepseek-v4-flash", "prompt": "Hello there",
+                                             "max_tokens": max_tokens}, timeout=timeout)

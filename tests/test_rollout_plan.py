@@ -32,20 +32,20 @@ def test_two_decodes_drain_through_the_router_and_the_only_prefill_through_the_f
     by = {s.name: s for s in plan.servers}
     assert [(s.name, s.role) for s in plan.servers] == [("prefill-0", "prefill"), ("decode-0", "decode"),
                                                          ("decode-1", "decode")]
-    assert {s.host for s in plan.servers} == {"pdstack-test-1"}  # both decodes on one host: the role keeps them apart
+    assert {s.host for s in plan.servers} == {"pdstack-roll-1"}  # both decodes on one host: the role keeps them apart
     assert by["decode-0"].rollout["drain"] == "router" and by["decode-0"].rollout["peers"] == ["decode-1"]
     assert by["decode-1"].rollout["peers"] == ["decode-0"]
     assert by["prefill-0"].rollout["drain"] == "frontdoor" and by["prefill-0"].rollout["peers"] == []
     # what POST /workers gets to put it back: its URL as the router lists it (the router's argv), its type
-    assert by["decode-1"].rollout["worker"] == {"url": "http://pdstack-test-1:30002", "worker_type": "decode"}
-    assert by["prefill-0"].rollout["worker"] == {"url": "http://pdstack-test-1:30000", "worker_type": "prefill",
+    assert by["decode-1"].rollout["worker"] == {"url": "http://pdstack-roll-1:30002", "worker_type": "decode"}
+    assert by["prefill-0"].rollout["worker"] == {"url": "http://pdstack-roll-1:30000", "worker_type": "prefill",
                                                  "bootstrap_port": 8998}
-    assert [w["url"] for w in plan.router.decode] == ["http://pdstack-test-1:30001", "http://pdstack-test-1:30002"]
+    assert [w["url"] for w in plan.router.decode] == ["http://pdstack-roll-1:30001", "http://pdstack-roll-1:30002"]
     # the probe pair: the restarted decode with the prefill, at its bootstrap address
-    assert by["decode-1"].rollout["probe"] == {"prefill_url": "http://pdstack-test-1:30000",
-                                               "bootstrap_host": "pdstack-test-1", "bootstrap_port": 8998,
-                                               "decode_url": "http://pdstack-test-1:30002"}
-    assert by["prefill-0"].rollout["probe"]["decode_url"] == "http://pdstack-test-1:30001"
+    assert by["decode-1"].rollout["probe"] == {"prefill_url": "http://pdstack-roll-1:30000",
+                                               "bootstrap_host": "pdstack-roll-1", "bootstrap_port": 8998,
+                                               "decode_url": "http://pdstack-roll-1:30002"}
+    assert by["prefill-0"].rollout["probe"]["decode_url"] == "http://pdstack-roll-1:30001"
     assert plan.rollout == {"drain_timeout_secs": 30, "probe_timeout_secs": 30}  # inventory/test/common
     text = planner.render_text(plan)
     assert "taken out of the router while it drains (peers: decode-1)" in text

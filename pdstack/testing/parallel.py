@@ -1,11 +1,11 @@
 """A pytest plugin: how the suite runs on two pytest-xdist workers (`invoke test` passes `-n 2 --dist loadgroup`).
 
-The test files that share fixed-name resources, the systemd test hosts named pdstack-test-N, are listed in
-pyproject.toml (`[tool.pytest.ini_options] pdstack_shared_host_tests`: tests/test_site.py, tests/test_image_pull.py).
-Their tests are one unit of work: one worker runs them all, in file order, while the other worker takes every other
-test one by one. They are the longest part of the suite, so they are also collected first: xdist hands the first
-unit to the first worker, and the group starts at once instead of after half the suite. Without xdist (`-n 0`) the
-order is the same, the group first.
+The test files that share fixed-name resources (systemd test hosts: pdstack-test-N, pdstack-roll-N) are listed in
+pyproject.toml (`[tool.pytest.ini_options] pdstack_shared_host_tests`), one line per group of files that share them.
+A group's tests are one unit of work: one worker runs them all, in file order, while other workers take other groups
+and every other test one by one. They are the longest part of the suite, so they are also collected first, in the
+order of the lines: xdist hands the first units to the first workers, and the groups start at once instead of after
+half the suite. Without xdist (`-n 0`) the order is the same, the groups first.
 
 Why not xdist's own `xdist_group` marker: pytest-xdist 3.8.0 marks a grouped test by assigning `item._nodeid`, which
 pytest 9.2 no longer reads (a node's id is `item._id`), so with pytest 9.2 the marker groups nothing (seen here: the
@@ -17,39 +17,42 @@ from __future__ import annotations
 
 import pytest
 
-GROUP = "pdstack-test-hosts"
 INI = "pdstack_shared_host_tests"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addini(INI, "test files (rootdir-relative) that share the pdstack-test-N hosts: one xdist unit, run first",
-                  type="linelist", default=[])
+    parser.addini(INI, "groups of test files (rootdir-relative, space-separated, one group per line) that share "
+                  "fixed-name test hosts: each group one xdist unit, collected first", type="linelist", default=[])
 
 
-def _shared(config: pytest.Config) -> set[str]:
-    return set(config.getini(INI))
+def groups(config: pytest.Config) -> dict[str, int]:
+    """{test file: its group's index} from the ini lines."""
+    return {f: n for n, line in enumerate(config.getini(INI)) for f in line.split()}
+
+
+def _file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items: list[pytest.Item]) -> None:
-    shared = _shared(config)
-    first = [i for i in items if i.nodeid.split("::", 1)[0] in shared]
-    if first:
-        rest = [i for i in items if i.nodeid.split("::", 1)[0] not in shared]
-        items[:] = first + rest
+    shared = groups(config)
+    if any(_file(i.nodeid) in shared for i in items):
+        first = sorted((i for i in items if _file(i.nodeid) in shared), key=lambda i: shared[_file(i.nodeid)])
+        items[:] = first + [i for i in items if _file(i.nodeid) not in shared]
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """`--dist loadgroup`: the shared-host files are one unit, every other test a unit of its own."""
+    """`--dist loadgroup`: each group of shared-host files is one unit, every other test a unit of its own."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    shared = _shared(config)
+    shared = groups(config)
 
     class SharedHostsScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return GROUP if nodeid.split("::", 1)[0] in shared else nodeid
+            return f"shared-hosts-{shared[_file(nodeid)]}" if _file(nodeid) in shared else nodeid
 
     return SharedHostsScheduling(config, log)

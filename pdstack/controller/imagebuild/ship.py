@@ -9,11 +9,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pdstack.controller.imagebuild.common import BuildError, echo
+from pdstack.controller.imagebuild.common import BuildError, echo, lock
 
 
 def save_image(c, img, tag: str, path: Path) -> dict[str, Any]:
-    """docker save to `path` (gzip level 1 if it ends in .gz) + `path.sha256`; skipped when it already holds img."""
+    """docker save to `path` (gzip level 1 if it ends in .gz) + `path.sha256`; skipped when it already holds img.
+    One save to a path at a time on this machine (two test workers save the sim image to build/images/sim.tar)."""
+    with lock(f"save-{path.name}"):
+        return _save(c, img, tag, path)
+
+
+def _save(c, img, tag: str, path: Path) -> dict[str, Any]:
     meta_path = path.with_name(path.name + ".json")
     sha_path = path.with_name(path.name + ".sha256")
     if meta_path.is_file() and path.is_file() and sha_path.is_file():

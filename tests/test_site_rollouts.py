@@ -1,0 +1,241 @@
+"""Rolling restarts for real: inventory/test/two-decode (prefill, two decodes, router, front door on one systemd
+test host, pdstack-roll-1) deployed by site.yml with the sim TEST ENGINE, the real sglang-router and Debian's HAProxy.
+
+A second run changes nothing and check mode restarts nothing; a changed environment restarts both decodes one at a
+time under steady load through the front door (each drained out of the router first, never both out at once) and no
+request fails; a restart of the only prefill turns the front door's maintenance switch on (503 + Retry-After at once)
+and the requests in flight finish. Its host has a prefix of its own (pdstack-roll), so this file runs on one worker
+beside tests/test_site.py on the other (pyproject.toml's pdstack_shared_host_tests). Slow: CI runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+
+import pytest
+import yaml
+from site_helpers import ROOT, completion, container_id, engine_or_skip, playbook, recap, sh
+
+# pyproject.toml's pdstack_shared_host_tests lists this file: one xdist worker runs every test of the pdstack-roll-N
+# host, in file order (pdstack/testing/parallel.py)
+pytestmark = pytest.mark.slow
+
+PREFIX = "pdstack-roll"  # inventory/test/two-decode names this host
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    """pdstack-roll-1 booted (and the sim image saved where inventory/test points), removed at the end."""
+    engine_or_skip()
+    from pdstack.controller.imagebuild import build
+    from pdstack.testing import testhost
+    build("sim", save=str(ROOT / "build" / "images" / "sim.tar"))
+    testhost.down(prefix=PREFIX)  # a previous run killed mid-way leaves nothing behind
+    testhost.up(count=1, prefix=PREFIX)
+    try:
+        yield {row["name"]: row["ip"] for row in testhost.status(PREFIX)}
+    finally:
+        testhost.down(prefix=PREFIX)
+
+
+TWO = ROOT / "inventory" / "test" / "two-decode"
+# A poller inside the host: every 0.2 s, the router's workers (it listens on the host's 127.0.0.1) and each server's
+# /_sim/state (received requests, running, start time), one JSON line each, until its stdout goes away.
+POLLER = r"""
+import json, sys, time, urllib.request
+servers = json.loads(sys.argv[1])
+while True:
+    row = {"t": time.time()}
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:8001/workers", timeout=2) as r:
+            row["router"] = sorted(w["url"] for w in json.load(r)["workers"])
+    except Exception:
+        row["router"] = None
+    for name, port in servers.items():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_sim/state", timeout=2) as r:
+                st = json.load(r)
+            row[name] = [st["received"], st["running"], st["started_at"]]
+        except Exception:
+            row[name] = None
+    print(json.dumps(row), flush=True)
+    time.sleep(0.2)
+"""
+
+
+class HostPoller:
+    def __init__(self, host: str, servers: dict[str, int]):
+        self.proc = subprocess.Popen(["docker", "exec", "-i", host, "python3", "-u", "-c", POLLER, json.dumps(servers)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.rows: list[dict] = []
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.rows.append(json.loads(line))
+
+    def stop(self) -> list[dict]:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self._t.join(10)
+        return self.rows
+
+
+class SteadyLoad:
+    """`clients` threads sending requests through the front door back to back (half streamed), each result kept."""
+
+    def __init__(self, router: str, clients: int = 4, tokens: int = 48):
+        from pdstack.testing.admission import request
+
+        self.results: list[dict] = []
+        self._stop = threading.Event()
+
+        def loop(stream: bool) -> None:
+            while not self._stop.is_set():
+                t0 = time.time()
+                r = request(router, tokens, stream=stream, timeout=120)
+                self.results.append({**r, "stream": stream, "t0": t0})
+                if r["status"] != 200:  # a client told to retry waits a little (not Retry-After: the test counts)
+                    self._stop.wait(0.2)
+
+        self._threads = [threading.Thread(target=loop, args=(i % 2 == 1,), daemon=True) for i in range(clients)]
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> list[dict]:
+        self._stop.set()
+        for t in self._threads:
+            t.join(150)
+        return self.results
+
+
+def _servers_with_env(edit: dict[str, dict]) -> str:
+    servers = yaml.safe_load((TWO / "host_vars/pdstack-roll-1/servers.yml").read_text())["pdstack_servers"]
+    for s in servers:
+        s["env"] = {**s.get("env", {}), **edit.get(s["name"], {})}
+    return json.dumps({"pdstack_servers": servers})
+
+
+@pytest.fixture(scope="module")
+def two_decode(hosts):
+    """inventory/test/two-decode deployed on pdstack-roll-1 (prefill, decode-0, decode-1, router, front door)."""
+    r = playbook(TWO)
+    assert r.returncode == 0, r.stdout[-6000:]
+    return f"http://{hosts['pdstack-roll-1']}:8000"
+
+
+def test_rollout_runs_are_idempotent_and_check_mode_restarts_nothing(two_decode):
+    """Right after the deploy: a second run changes nothing and restarts nothing (the router role's worker check, the
+    front door's maintenance file, the probe copy); check mode with a changed server restarts nothing either."""
+    host = "pdstack-roll-1"
+    ids = {n: container_id(host, f"pdstack-{n}") for n in ("prefill-0", "decode-0", "decode-1")}
+    again = playbook(TWO)
+    assert again.returncode == 0, again.stdout[-4000:]
+    assert all(x["changed"] == 0 for x in recap(again.stdout).values()), again.stdout[-3000:]
+    changed = _servers_with_env({"decode-1": {"ROLLOUT_TEST": "2"}})
+    check = playbook(TWO, "--check", "-e", changed)
+    assert check.returncode == 0, check.stdout[-4000:]
+    assert "a run would drain and restart it" in check.stdout
+    assert {n: container_id(host, f"pdstack-{n}") for n in ids} == ids  # nothing restarted by either
+    # every worker of the plan is in the router
+    r = sh(host, "python3", "-c", "import urllib.request; print(urllib.request.urlopen("
+           "'http://127.0.0.1:8001/workers').read().decode())")
+    listed = {w["url"] for w in json.loads(r.stdout)["workers"]}
+    assert listed == {"http://pdstack-roll-1:30000", "http://pdstack-roll-1:30001",
+                      "http://pdstack-roll-1:30002"}
+
+
+def test_rolling_restart_of_two_decodes_under_steady_load_fails_no_request(two_decode):
+    host, ports = "pdstack-roll-1", {"prefill-0": 30000, "decode-0": 30001, "decode-1": 30002}
+    urls = {n: f"http://pdstack-roll-1:{p}" for n, p in ports.items()}
+    before = {n: container_id(host, f"pdstack-{n}") for n in ("decode-0", "decode-1", "prefill-0")}
+    poller = HostPoller(host, ports)
+    load = SteadyLoad(two_decode)
+    time.sleep(3)
+    t0 = time.time()
+    r = playbook(TWO, "--tags", "serving", "-e", _servers_with_env({"decode-0": {"ROLLOUT_TEST": "1"},
+                                                                       "decode-1": {"ROLLOUT_TEST": "1"}}))
+    took = time.time() - t0
+    time.sleep(3)
+    results, rows = load.stop(), poller.stop()
+    assert r.returncode == 0, r.stdout[-6000:]
+    after = {n: container_id(host, f"pdstack-{n}") for n in before}
+    # both decodes really restarted (new containers), the prefill did not
+    assert after["decode-0"] != before["decode-0"] and after["decode-1"] != before["decode-1"], (before, after)
+    assert after["prefill-0"] == before["prefill-0"]
+    # no request failed: every one through the front door answered 200, streams ended with [DONE]
+    bad = [x for x in results if x["status"] != 200 or (x["stream"] and "[DONE]" not in x["tail"])]
+    during = [x for x in results if t0 <= x["t0"] <= t0 + took]
+    assert not bad and len(during) > 20, (len(results), len(during), bad[:5])
+    # never both decodes out of the router (or down) at once, and each was out while it restarted
+    assert rows and all(x["router"] is not None for x in rows), "the router stopped answering"
+    outs: dict[str, list[dict]] = {}
+    for row in rows:
+        out = [n for n in ("decode-0", "decode-1") if urls[n] not in row["router"] or row[n] is None]
+        assert len(out) <= 1, row
+        for n in out:
+            outs.setdefault(n, []).append(row)
+    assert set(outs) == {"decode-0", "decode-1"}, "a decode was never taken out of the router"
+    for n in ("decode-0", "decode-1"):
+        old_start = next(x[n][2] for x in rows if x[n] is not None)
+        out_rows = outs[n]
+        old = [x for x in out_rows if x[n] is not None and x[n][2] == old_start]  # out of the router, not restarted
+        assert old, f"{n}: no sample between its removal and its restart"
+        # drained: no new request reached it while it was out (a request routed just before the removal may still
+        # arrive within the first 0.5 s), and its running requests went to 0 before it stopped
+        settled = [x for x in old if x["t"] >= old[0]["t"] + 0.5]
+        assert len({x[n][0] for x in settled}) <= 1, [(round(x["t"] - t0, 1), x[n]) for x in old]
+        assert old[-1][n][1] == 0, old[-1]
+        new_start = [x[n][2] for x in rows if x[n] is not None and x[n][2] != old_start]
+        assert new_start, f"{n}: no new process seen"
+        print(f"{n}: out of the router {out_rows[-1]['t'] - out_rows[0]['t']:.1f} s "
+              f"(old process drained for {old[-1]['t'] - old[0]['t']:.1f} s)")
+    print(f"rolling restart of two decodes under load: {len(during)} requests during the {took:.0f} s run, "
+          f"{len(results)} in all, 0 failed")
+
+
+def test_restart_of_the_only_prefill_refuses_new_requests_with_503_and_loses_none_in_flight(two_decode):
+    from pdstack.testing.admission import request
+
+    host = "pdstack-roll-1"
+    before = container_id(host, "pdstack-prefill-0")
+    long_streams: list[dict] = []
+    holders = [threading.Thread(target=lambda: long_streams.append(request(two_decode, 64 * 6, stream=True,
+                                                                           timeout=120))) for _ in range(2)]
+    for t in holders:
+        t.start()
+    time.sleep(1)
+    load = SteadyLoad(two_decode, clients=3, tokens=16)
+    t0 = time.time()
+    # only the prefill's environment changes (the decodes keep the previous test's; KV-related env such as
+    # PDSTACK_* must agree between prefill and decode, preflight says, so the test uses an unrelated name)
+    r = playbook(TWO, "--tags", "serving", "-e", _servers_with_env({n: {"ROLLOUT_TEST": "1"} for n in
+                                                                       ("prefill-0", "decode-0", "decode-1")}))
+    took = time.time() - t0
+    for t in holders:
+        t.join(120)
+    time.sleep(2)
+    results = load.stop()
+    assert r.returncode == 0, r.stdout[-6000:]
+    assert container_id(host, "pdstack-prefill-0") != before
+    # in flight when the switch went on: they finished (the drain waits for the front door's in-flight requests)
+    assert [x["status"] for x in long_streams] == [200, 200], long_streams
+    assert all(x["tail"].rstrip().endswith("data: [DONE]") for x in long_streams), long_streams
+    # while it was down: 503 + Retry-After from the front door, named maintenance, at once; everything else 200
+    refused = [x for x in results if x["status"] != 200]
+    assert refused, "no request met the maintenance switch"
+    for x in refused:
+        assert (x["status"], x["retry_after"], x["refusal"]) == (503, "2", "maintenance"), x
+        assert x["seconds"] < 1.0, x
+    assert max(x["seconds"] for x in results) < 30, "a request hung"
+    assert all(x["stream"] is False or x["status"] != 200 or "[DONE]" in x["tail"] for x in results)
+    window = max(x["t0"] for x in refused) - min(x["t0"] for x in refused)
+    print(f"only prefill restarted in a {took:.0f} s run: {len(refused)} of {len(results)} requests refused with 503 "
+          f"maintenance in <= {max(x['seconds'] for x in refused) * 1000:.0f} ms over {window:.1f} s (maintenance "
+          f"on to off), 2 long streams in flight finished ({max(x['seconds'] for x in long_streams):.1f} s)")
+    code, body = completion(two_decode)
+    assert code == 200, body
