@@ -34,14 +34,15 @@ import pytest
 import site_helpers
 from site_helpers import BIN, ROOT, engine_or_skip, host_file, recap, sh
 
-# pyproject.toml's pdstack_shared_host_tests lists this file: one xdist worker runs every test of the pdstack-test-N
+# pyproject.toml's pdstack_shared_host_tests lists this file: one xdist worker runs every test of the pdstack-pull-N
 # hosts, in file order (pdstack/testing/parallel.py)
 pytestmark = pytest.mark.slow
 
-ONE = ROOT / "inventory" / "test" / "one-host"
+# the one-host layout on a host of its own (inventory/test/pull-host), so this file runs beside tests/test_site.py
+ONE = ROOT / "inventory" / "test" / "pull-host"
 
-PREFIX = "pdstack-test"  # inventory/test/one-host names pdstack-test-1
-HOST = "pdstack-test-1"
+PREFIX = "pdstack-pull"  # inventory/test/pull-host names pdstack-pull-1
+HOST = "pdstack-pull-1"
 REGISTRY_BIN = shutil.which("docker-registry") or "/usr/bin/docker-registry"
 WRONG = "sha256:" + "1" * 64
 

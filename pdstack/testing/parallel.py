@@ -1,7 +1,8 @@
 """A pytest plugin: how the suite runs on two pytest-xdist workers (`invoke test` passes `-n 2 --dist loadgroup`).
 
-The test files that share fixed-name resources (systemd test hosts: pdstack-test-N, pdstack-roll-N) are listed in
-pyproject.toml (`[tool.pytest.ini_options] pdstack_shared_host_tests`), one line per group of files that share them.
+The test files that share fixed-name resources (the systemd test hosts pdstack-test-N, pdstack-roll-1,
+pdstack-pull-1) are listed in pyproject.toml (`[tool.pytest.ini_options] pdstack_shared_host_tests`), one line per
+group of files that share them.
 A group's tests are one unit of work: one worker runs them all, in file order, while other workers take other groups
 and every other test one by one. They are the longest part of the suite, so they are also collected first, in the
 order of the lines: xdist hands the first units to the first workers, and the groups start at once instead of after

@@ -4,7 +4,9 @@ Timing model (documented in README.md):
   * prefill: one forward at a time; it takes (prompt_tokens - cached_tokens) / prefill_tokens_per_s seconds,
     plus the slow_prefill_s fault. The first output token comes out of the prefill (as in SGLang).
   * decode: every running request advances one token per step; a step takes
-    (1 / decode_tokens_per_s) * (1 + decode_batch_penalty * (decoding_requests - 1)) seconds.
+    (1 / decode_tokens_per_s) * (1 + decode_batch_penalty * (decoding_requests - 1)) seconds, kept on absolute
+    deadlines: a busy machine's event-loop lag (the test suite runs two workers on two cores) does not slow the
+    modelled rate, it is caught up, by at most CATCH_UP_S of steps at once (so a wedge does not end in a burst).
   * PD: prefill waits for decode's handshake (bootstrap queue), prefills, then "sends the KV", which takes
     prompt_tokens * kv_bytes_per_token / kv_transfer_gb_per_s; decode waits for it (transfer queue), then decodes.
   * at most max_running_requests run at once; the rest wait (sglang:num_queue_reqs).
@@ -32,6 +34,7 @@ from pdstack.testing.sim.metrics import SimMetrics
 log = logging.getLogger("pdstack.testing.sim")
 
 PAGE_TOKENS = 64  # prefix-cache page, as SGLang's page size for this model
+CATCH_UP_S = 0.25  # decode: at most this much lag behind the step deadlines is made up
 
 
 class SimAbort(Exception):
@@ -307,13 +310,14 @@ class Engine:
     async def _decode_tokens(self, req: GenRequest, pieces: list[str]):
         """Emit pieces on the decode timing model; honours the wedge fault before every token."""
         with self._count("decoding"):
-            last, grown = None, 0
+            last, grown, due = None, 0, time.monotonic()
             try:
                 for i, piece in enumerate(pieces):
                     await self.faults.wait_unwedged()
                     if i > 0:
                         slowdown = 1 + self.cfg.decode_batch_penalty * max(0, self.decoding - 1)
-                        await asyncio.sleep(slowdown / self.cfg.decode_tokens_per_s)
+                        due = max(due + slowdown / self.cfg.decode_tokens_per_s, time.monotonic() - CATCH_UP_S)
+                        await asyncio.sleep(max(0.0, due - time.monotonic()))
                         await self.faults.wait_unwedged()
                     now = time.monotonic()
                     if last is None:
