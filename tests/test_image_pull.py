@@ -116,10 +116,14 @@ def host(registry):
 
 
 @pytest.fixture(scope="module")
-def pushed(registry):
-    """`invoke build --flavor sim --push 127.0.0.1:PORT`: the manifest with pushed.digest_ref."""
+def pushed(registry, tmp_path_factory):
+    """`invoke build --flavor sim --push 127.0.0.1:PORT`: the manifest with pushed.digest_ref, written to a file of
+    this module's own (`manifest_file`): build/manifest-sim.json and build/images/sim.tar are what the deploying
+    tests on the other worker read at the same time."""
     from pdstack.controller.imagebuild import build
-    m = build("sim", push=f"127.0.0.1:{registry['port']}")
+    own = tmp_path_factory.mktemp("manifest") / "manifest-sim.json"
+    m = build("sim", push=f"127.0.0.1:{registry['port']}", manifest=own)
+    m["manifest_file"] = str(own)
     yield m
     subprocess.run(["docker", "rmi", m["pushed"]["ref"]], capture_output=True, timeout=60)  # the push's tag only
 
@@ -129,7 +133,7 @@ def _digest(m: dict) -> str:
 
 
 def test_a_digest_the_manifest_did_not_push_fails_before_the_host_changes(host, pushed):
-    r = playbook("--tags", "host,image", "-e", image_vars(manifest="build/manifest-sim.json",
+    r = playbook("--tags", "host,image", "-e", image_vars(manifest=pushed["manifest_file"],
                                                           registry=host["registry"], digest=WRONG))
     assert r.returncode != 0
     assert f"pdstack_image.digest: {WRONG} is not the digest" in r.stdout, r.stdout[-3000:]
@@ -142,7 +146,7 @@ def test_a_digest_the_manifest_did_not_push_fails_before_the_host_changes(host, 
 def pulled(host, pushed):
     """site.yml's host + image phases with pdstack_image.registry: (result, seconds)."""
     t0 = time.monotonic()
-    r = playbook("--tags", "host,image", "-e", image_vars(manifest="build/manifest-sim.json",
+    r = playbook("--tags", "host,image", "-e", image_vars(manifest=pushed["manifest_file"],
                                                           registry=host["registry"]))
     assert r.returncode == 0, r.stdout[-6000:]
     return r, time.monotonic() - t0
@@ -159,7 +163,7 @@ def test_the_image_phase_pulls_by_digest_and_a_second_run_changes_nothing(host, 
     assert info["Config"]["Labels"]["io.pdstack.inputs.sha256"] == pushed["inputs_sha256"]
     assert sh(HOST, "sh", "-c", "ls /var/lib/pdstack/images/*.tar").returncode != 0  # no tarball was copied
     assert json.loads(host_file(HOST, "/etc/pdstack/images.json"))["current"] == pushed["tag"]
-    vars_ = image_vars(manifest="build/manifest-sim.json", registry=host["registry"])
+    vars_ = image_vars(manifest=pushed["manifest_file"], registry=host["registry"])
     again = playbook("--tags", "host,image", "-e", vars_)
     assert again.returncode == 0, again.stdout[-4000:]
     assert recap(again.stdout)[HOST]["changed"] == 0, again.stdout[-3000:]
@@ -182,8 +186,8 @@ def test_a_digest_the_registry_lacks_fails_with_the_fix_and_changes_nothing(host
 
 def test_the_tarball_path_checks_the_manifests_id_and_labels_too(host, pushed, pulled, tmp_path):
     from pdstack.controller.imagebuild import build
-    tar = ROOT / "build" / "images" / "sim.tar"
-    saved = build("sim", save=str(tar))
+    tar = tmp_path / "sim.tar"
+    saved = build("sim", save=str(tar), manifest=Path(pushed["manifest_file"]))
     try:  # the 1.7 GB tarball goes, whatever happens
         _tarball_path_checks(host, pushed, saved, tmp_path)
     finally:
@@ -194,7 +198,7 @@ def test_the_tarball_path_checks_the_manifests_id_and_labels_too(host, pushed, p
 def _tarball_path_checks(host, pushed, saved, tmp_path):
     assert saved["pushed"] == pushed["pushed"]  # a build without --push keeps the push record of the same image
     assert sh(HOST, "docker", "rmi", pushed["tag"], f"{host['registry']}/pdstack/sim@{_digest(pushed)}").returncode == 0
-    r = playbook("--tags", "image", "-e", image_vars(manifest="build/manifest-sim.json"))
+    r = playbook("--tags", "image", "-e", image_vars(manifest=pushed["manifest_file"]))
     assert r.returncode == 0, r.stdout[-4000:]
     assert "Image | docker load" in r.stdout and recap(r.stdout)[HOST]["changed"] > 0
     assert json.loads(sh(HOST, "docker", "image", "inspect", pushed["tag"]).stdout)[0]["Id"] == pushed["image_id"]

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pdstack.controller.imagebuild.common import BUILD_DIR, ROOT, BuildError, digest, echo, sha256_file
+from pdstack.controller.imagebuild.common import lock as machine_lock
 
 WHEEL_CACHE = BUILD_DIR / "wheels"
 
@@ -32,12 +33,21 @@ def download_wheels(name: str, requirements: list[str], *, no_deps: list[str] = 
     Returns (folder, {wheel file: sha256}). The folder is keyed by the request + lock.txt, so a second call
     downloads nothing; its `wheels.json` lists what it holds.
     """
-    lock = ROOT / "requirements" / "lock.txt"
-    key = digest({"req": requirements, "no_deps": list(no_deps), "lock": sha256_file(lock)})[:12]
+    pins = ROOT / "requirements" / "lock.txt"
+    key = digest({"req": requirements, "no_deps": list(no_deps), "lock": sha256_file(pins)})[:12]
     folder = WHEEL_CACHE / f"{name}-{key}"
     index = folder / "wheels.json"
     if index.is_file():
         return folder, json.loads(index.read_text())
+    # one download per folder at a time: two test workers building the sim image at once on a cold machine each
+    # downloaded, and the second replaced the folder the first one's build was reading its wheels from
+    with machine_lock(f"wheels-{name}-{key}"):
+        if index.is_file():
+            return folder, json.loads(index.read_text())
+        return _download(name, requirements, no_deps, pins, folder)
+
+
+def _download(name: str, requirements: list[str], no_deps, lock: Path, folder: Path) -> tuple[Path, dict[str, str]]:
     WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=WHEEL_CACHE))
     pip = [sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:", "-d", str(tmp)]
@@ -103,6 +113,11 @@ def download_locked(lock: Path, folder: Path) -> dict[str, float]:
     pip keeps a file that is already there and matches its hash, so a filled cache downloads nothing more.
     Returns {"seconds", "bytes"} of the folder afterwards.
     """
+    with machine_lock(f"wheels-{folder.name}"):  # one pip download into a folder at a time
+        return _download_locked(lock, folder)
+
+
+def _download_locked(lock: Path, folder: Path) -> dict[str, float]:
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     echo(f"wheels: filling {rel_or_abs(folder)} from {lock.name} on the host (pip download --require-hashes)")
