@@ -429,7 +429,9 @@ def _status_serving(ip: str, timeout: float = 120) -> None:
 
 def test_status_healthy_view_is_exit_0(one_host, hosts):
     _status_serving(hosts[STATUS_HOST])
-    code, view = _status_until(lambda c, v: c == 0, 180, "a healthy view (exit 0)")
+    # the tests before restarted prefill and decode (rolling restarts, the watchdog): PdstackBootstrapFailures
+    # (increase over 5m > 0, for 1m) may still fire for up to ~6 min after the last failed handshake, rightly exit 1
+    code, view = _status_until(lambda c, v: c == 0, 420, "a healthy view (exit 0)")
     code, view, took = _status()
     assert code == 0 and _lines(view) == [], _lines(view)
     # the figure is the benchmark (docs/cli.md has it); this bound only catches a status that hangs on a host
