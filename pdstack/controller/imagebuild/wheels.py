@@ -39,8 +39,8 @@ def download_wheels(name: str, requirements: list[str], *, no_deps: list[str] = 
     index = folder / "wheels.json"
     if index.is_file():
         return folder, json.loads(index.read_text())
-    # one download per folder at a time: two test workers building the sim image at once on a cold machine each
-    # downloaded, and the second replaced the folder the first one's build was reading its wheels from
+    # one download per folder at a time: two test workers building the sim image at once on a cold machine would
+    # each download, and the second would replace the folder the first one's build reads its wheels from
     with machine_lock(f"wheels-{name}-{key}"):
         if index.is_file():
             return folder, json.loads(index.read_text())
