@@ -72,3 +72,22 @@ def post(url: str, body: dict, timeout: float = 60) -> tuple[int, str]:
 def completion(router: str, max_tokens: int = 8, timeout: float = 60) -> tuple[int, str]:
     return post(f"{router}/v1/completions", {"model": "deepseek-v4-flash", "prompt": "Hello there",
                                              "max_tokens": max_tokens}, timeout=timeout)
+
+
+def saved_sim_image() -> dict:
+    """The sim image built and saved where inventory/test points (build/manifest-sim.json, build/images/sim.tar)."""
+    engine_or_skip()
+    from pdstack.controller.imagebuild import build
+    return build("sim", save=str(ROOT / "build" / "images" / "sim.tar"))
+
+
+def booted_hosts(prefix: str, count: int):
+    """A fixture body: `count` fresh systemd test hosts named PREFIX-N (a killed run's leftovers removed first),
+    yielded as {name: ip}, removed at the end."""
+    from pdstack.testing import testhost
+    testhost.down(prefix=prefix)
+    testhost.up(count=count, prefix=prefix)
+    try:
+        yield {row["name"]: row["ip"] for row in testhost.status(prefix)}
+    finally:
+        testhost.down(prefix=prefix)

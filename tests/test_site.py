@@ -29,7 +29,19 @@ from pathlib import Path
 
 import pytest
 import yaml
-from site_helpers import BIN, ROOT, completion, container_id, engine_or_skip, host_file, playbook, post, recap, sh
+from site_helpers import (
+    BIN,
+    ROOT,
+    booted_hosts,
+    completion,
+    container_id,
+    host_file,
+    playbook,
+    post,
+    recap,
+    saved_sim_image,
+    sh,
+)
 
 # pyproject.toml's pdstack_shared_host_tests lists this file: one xdist worker runs every test of the pdstack-test-N
 # hosts, in file order (pdstack/testing/parallel.py)
@@ -43,20 +55,12 @@ THREE = ROOT / "inventory" / "test" / "three-host"
 @pytest.fixture(scope="module")
 def sim_image():
     """The sim image saved where inventory/test points (build/manifest-sim.json, build/images/sim.tar)."""
-    engine_or_skip()
-    from pdstack.controller.imagebuild import build
-    return build("sim", save=str(ROOT / "build" / "images" / "sim.tar"))
+    return saved_sim_image()
 
 
 @pytest.fixture(scope="module")
 def hosts(sim_image):
-    from pdstack.testing import testhost
-    testhost.down(prefix=PREFIX)  # a previous run killed mid-way leaves nothing behind
-    testhost.up(count=3, prefix=PREFIX)
-    try:
-        yield {row["name"]: row["ip"] for row in testhost.status(PREFIX)}
-    finally:
-        testhost.down(prefix=PREFIX)
+    yield from booted_hosts(PREFIX, 3)
 
 
 def wait_serving(router: str, deadline_s: float) -> tuple[int, str]:

@@ -17,7 +17,7 @@ import time
 
 import pytest
 import yaml
-from site_helpers import ROOT, completion, container_id, engine_or_skip, playbook, recap, sh
+from site_helpers import ROOT, booted_hosts, completion, container_id, playbook, recap, saved_sim_image, sh
 
 # pyproject.toml's pdstack_shared_host_tests lists this file: one xdist worker runs every test of the pdstack-roll-N
 # host, in file order (pdstack/testing/parallel.py)
@@ -29,16 +29,8 @@ PREFIX = "pdstack-roll"  # inventory/test/two-decode names this host
 @pytest.fixture(scope="module")
 def hosts():
     """pdstack-roll-1 booted (and the sim image saved where inventory/test points), removed at the end."""
-    engine_or_skip()
-    from pdstack.controller.imagebuild import build
-    from pdstack.testing import testhost
-    build("sim", save=str(ROOT / "build" / "images" / "sim.tar"))
-    testhost.down(prefix=PREFIX)  # a previous run killed mid-way leaves nothing behind
-    testhost.up(count=1, prefix=PREFIX)
-    try:
-        yield {row["name"]: row["ip"] for row in testhost.status(PREFIX)}
-    finally:
-        testhost.down(prefix=PREFIX)
+    saved_sim_image()
+    yield from booted_hosts(PREFIX, 1)
 
 
 TWO = ROOT / "inventory" / "test" / "two-decode"
