@@ -66,7 +66,8 @@ def test_argv_is_launcher_plus_flags_and_roles_differ():
 
 
 def test_router_argv_lists_every_worker_behind_the_front_door():
-    r = prod_plan().router
+    plan = prod_plan()
+    r = plan.router
     a = r.argv
     assert a[:3] == ["python3", "-m", "sglang_router.launch_router"]
     assert a[a.index("--prefill") + 1: a.index("--prefill") + 3] == ["http://192.0.2.10:30000", "8998"]
@@ -89,7 +90,11 @@ def test_router_argv_lists_every_worker_behind_the_front_door():
     fd = r.frontdoor
     assert (fd["port"], fd["backend_address"], fd["backend_port"]) == (8000, "127.0.0.1", 8001)
     assert (fd["max_concurrent_requests"], fd["queue_size"], fd["queue_timeout_secs"]) == (32, 64, 30)
-    assert fd["idle_timeout_secs"] > parsed.request_timeout_secs
+    # one budget (issue 25): HAProxy's server timeout is it; the router's own is later, so it never retries a
+    # timed-out attempt before HAProxy's 504
+    assert fd["server_timeout_secs"] == 600 and parsed.request_timeout_secs == 600 + planner.ROUTER_TIMEOUT_MARGIN_SECS
+    assert fd["hard_stop_after_secs"] > parsed.request_timeout_secs
+    assert fd["client_timeout_secs"] == 30 and fd["served_models"] == [plan.model["served_name"]]
 
 
 def test_front_door_config_from_the_plan_passes_haproxy_check(tmp_path: Path):

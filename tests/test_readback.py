@@ -182,14 +182,15 @@ def test_front_door_limits_checked_where_they_land(good):
     fd = plan.router.frontdoor
     addr = plan.router.address
     assert frontdoor_check.frontdoor_problems(fd, addr, True) == []
-    cases = {"queue_timeout_secs": frontdoor_check.MAX_TIMEOUT_SECS + 1, "idle_timeout_secs": 10**9,
+    cases = {"queue_timeout_secs": frontdoor_check.MAX_TIMEOUT_SECS + 1, "server_timeout_secs": 10**9,
+             "client_timeout_secs": -1,
              "hard_stop_after_secs": 2**31, "max_connections": frontdoor_check.MAX_CONNECTIONS + 1,
              "port": 70000, "metrics_port": 0, "queue_size": -1, "max_concurrent_requests": True,
              "request_read_timeout_secs": frontdoor_check.MAX_TIMEOUT_SECS + 1, "max_body_bytes": 0}
     cases_more = [("request_read_timeout_secs", "10"), ("max_body_bytes", frontdoor_check.MAX_BODY_BYTES + 1),
                   ("max_body_bytes", True), ("max_body_bytes", None), ("max_connections_per_source", -1),
                   ("max_connections_per_source", frontdoor_check.MAX_CONNECTIONS + 1),
-                  ("max_connections_per_source", "2")]
+                  ("max_connections_per_source", "2"), ("served_models", ["a\nmodel"])]
     for key, v in cases.items():
         out = frontdoor_check.frontdoor_problems({**fd, key: v}, addr, True)
         assert out and frontdoor_check.SOURCES[key] in out[0], (key, out)

@@ -301,7 +301,7 @@ def test_haproxys_own_errors_are_openai_json(stack):
     assert _openai_error(by[429], 429, "queue-full")["type"] == "rate_limit_exceeded"
     assert _openai_error(by[503], 503, "queue-timeout")["type"] == "overloaded"
     # the router slower than HAProxy's server timeout: 504 JSON
-    fd = stack.with_frontdoor(max_concurrent_requests=1, queue_size=1, queue_timeout_secs=1, idle_timeout_secs=1)
+    fd = stack.with_frontdoor(max_concurrent_requests=1, queue_size=1, queue_timeout_secs=1, server_timeout_secs=1)
     r = _raw(fd.port, _post(len(body)) + body, wait=20)
     _openai_error(r, 504, "gateway-timeout")
     # the router gone: 503 router-down

@@ -216,6 +216,9 @@ FRONTDOOR = Schema("frontdoor", {
     "max_connections_per_source": Field((int,), "connections one client address may hold at once (requests in flight, "
                                         "queued or being read); beyond: 429 source-limit. 0: no limit (clients "
                                         "behind one proxy or NAT share an address)", default=0, check=_non_negative),
+    "client_timeout_secs": Field((int,), "seconds a client may read nothing of its answer once the front door's "
+                                 "buffers towards it are full; then it is let go (HAProxy timeout client)",
+                                 default=30, check=_positive),
 })
 
 CIRCUIT_BREAKER = Schema("circuit_breaker", {
@@ -264,7 +267,10 @@ ROUTER = Schema("pdstack_router", {
                                         check=_positive),
     "retries": Field((dict,), "retry settings", default=dict, schema=RETRIES),
     "health_check": Field((dict,), "worker health checks", default=dict, schema=HEALTH),
-    "request_timeout_secs": Field((int,), "per-attempt request timeout, also caps a whole stream, seconds",
+    "request_timeout_secs": Field((int,), "the time budget of one request, seconds: an answer not begun within it "
+                                  "gets the front door's 504 (HAProxy timeout server), a stream may pause this "
+                                  "long between chunks; the router's own --request-timeout-secs is this + 30 "
+                                  "(so it never retries a timed-out request) and caps a whole stream",
                                   default=1800, check=_positive),
     "extra_args": Field((dict,), "extra router flags, name without dashes -> value", default=dict,
                           check=_extra_args("router")),

@@ -34,6 +34,9 @@ FOLDER = "sglang"
 # The front door's runtime API and maintenance switch (the frontdoor role and the rollout read them from the plan).
 MAINTENANCE_FILE = "/etc/haproxy/pdstack-maintenance.acl"
 RUNTIME_SOCKET = "/run/haproxy/admin.sock"  # HAProxy's runtime API (stats socket, level admin)
+# The router's --request-timeout-secs is the request budget (pdstack_router.request_timeout_secs) plus this: HAProxy's
+# `timeout server` (the budget) ends a request first, so the router never retries an attempt that timed out
+ROUTER_TIMEOUT_MARGIN_SECS = 30
 SGLANG_LAUNCHER = ["python3", "-m", "sglang.launch_server"]
 SIM_LAUNCHER = ["pdstack", "sim"]  # the TEST ENGINE; accepts SGLang's flag names
 ROUTER_LAUNCHER = ["python3", "-m", "sglang_router.launch_router"]
@@ -301,7 +304,9 @@ def router_flags(dep: Deployment, servers: list[ServerPlan]) -> tuple[list[str],
             "--health-success-threshold", str(hc["success_threshold"]),
             "--cb-failure-threshold", str(cb["failure_threshold"]),
             "--cb-timeout-duration-secs", str(cb["timeout_secs"]),
-            "--request-timeout-secs", str(r["request_timeout_secs"]),
+            # above the front door's budget: the router never times out (and retries) an attempt before HAProxy's
+            # 504; it still caps a whole stream (render/frontdoor.py)
+            "--request-timeout-secs", str(r["request_timeout_secs"] + ROUTER_TIMEOUT_MARGIN_SECS),
             "--shutdown-grace-period-secs", str(r["shutdown_grace_period_secs"])]
     try:
         return out + flags.render_extra(r["extra_args"], flags.router_parser()), prefill, decode
@@ -334,9 +339,11 @@ def frontdoor_plan(dep: Deployment) -> dict[str, Any]:
             "queue_timeout_secs": adm["queue_timeout_secs"], "retry_after_secs": fd["retry_after_secs"],
             "request_read_timeout_secs": fd["request_read_timeout_secs"], "max_body_bytes": fd["max_body_bytes"],
             "max_connections_per_source": fd["max_connections_per_source"],
-            # idle timeouts above the router's request timeout: the router's own timeout (and error) comes first
-            "idle_timeout_secs": r["request_timeout_secs"] + 30,
-            # an old worker drains at most this long after a reload (a stream lasts at most the request timeout)
+            # the one time budget: HAProxy answers 504 JSON when the router has not answered within it (the
+            # router's own timeout is later, so it never retries a timed-out request)
+            "server_timeout_secs": r["request_timeout_secs"], "client_timeout_secs": fd["client_timeout_secs"],
+            "served_models": [dep.model["served_name"]],
+            # an old worker drains at most this long after a reload (a stream lasts at most the router's timeout)
             "hard_stop_after_secs": r["request_timeout_secs"] + 60,
             "max_connections": max(4096, 4 * (adm["max_concurrent_requests"] + adm["queue_size"])),
             "metrics_bind": "0.0.0.0", "metrics_port": fd["metrics_port"],

@@ -17,8 +17,21 @@ admission lives in HAProxy (Debian's haproxy 2.6) in front of it, on the deploym
   connections of the global maxconn for the metrics listener; HAProxy's own errors are OpenAI-shaped JSON;
 - response streams pass through unbuffered (`option http-no-delay`); a client that goes
   away frees its slot, and a waiter that goes away leaves the queue (`option abortonclose`);
-- `timeout server`/`client` sit above the router's --request-timeout-secs, so the router's own timeout (and error)
-  comes first; `hard-stop-after` bounds how long an old worker keeps draining after a reload;
+- one time budget B (pdstack_router.request_timeout_secs): `timeout server` is B, so a request the router has not
+  answered within B gets HAProxy's 504 JSON (`gateway-timeout`) and HAProxy closes the router connection; the
+  router's own --request-timeout-secs is B + ROUTER_TIMEOUT_MARGIN (planner), so it never times out an attempt
+  first and never retries a timed-out request (0.3.2 retries a timed-out non-stream attempt, measured); a stream
+  runs at most B + margin (the router cuts it: no error event, no [DONE], measured) and may pause B between chunks;
+  `timeout client` (client_timeout_secs) lets a client go that reads nothing for that long once HAProxy's
+  buffers towards it are full; `hard-stop-after` bounds how long an old worker keeps draining after a reload;
+- every answer carries the request's id in X-Request-Id (`unique-id`, a UUID HAProxy makes; the client's own
+  X-Request-Id is replaced), which the router echoes and HAProxy's log line carries (`%ID`, with the router's
+  x-smg-error-code), so an error a client reports is found in the logs;
+- the router's errors leave as OpenAI-shaped JSON too: a 5xx body is never passed on (it names internal
+  addresses and workers: "error sending request for url (http://127.0.0.1:...)"); a 4xx that is not JSON is
+  wrapped (its text kept as the message unless it names an address); `Server` and x-smg-error-code are dropped;
+- a request for a model the deployment does not serve (the JSON body's "model", on /v1/) gets 404
+  `model_not_found`, as OpenAI's API answers, instead of being served by whatever model runs;
 - HAProxy's built-in Prometheus exporter (`use-service prometheus-exporter`) on its own port;
 - every refusal of the front door's own says why, in the `X-Pdstack-Refusal` header and the body's "type":
   `queue-full` (429), `queue-timeout` (503), `router-down` (503: its health check failed, or a connection to it
@@ -49,6 +62,27 @@ SERVER = "router"
 REFUSAL_HEADER = "X-Pdstack-Refusal"
 QUEUE_FULL, QUEUE_TIMEOUT, ROUTER_DOWN, MAINTENANCE = "queue-full", "queue-timeout", "router-down", "maintenance"
 BODY_TOO_LARGE, REQUEST_TIMEOUT, SOURCE_LIMIT = "body-too-large", "request-timeout", "source-limit"
+MODEL_NOT_FOUND, UPSTREAM_ERROR, UPSTREAM_REFUSED = "model-not-found", "upstream-error", "upstream-refused"
+# the request id: HAProxy makes one per request (a UUID), sends it to the router (which echoes it) and to the client
+REQUEST_ID_HEADER = "X-Request-Id"
+REQUEST_ID = "%[unique-id]"
+# HAProxy's httplog format (configuration.txt 8.2.3) with the request id and the captured response header (the
+# router's x-smg-error-code) at the end
+LOG_FORMAT = ("%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %CC %CS %tsc %ac/%fc/%bc/%sc/%rc %sq/%bq "
+              "%hr %hs %{+Q}r id=%ID")
+# an answer body that names an address or a URL is never passed on (a router 4xx that relays a worker's message)
+LEAK_REGEX = r"https?://|[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+|localhost|\[::"
+# the router's error statuses that are rewritten (0.3.2 answers these; any other status >= 400 is rewritten as 502)
+CLIENT_ERRORS = {400: "bad request", 401: "unauthorized", 403: "forbidden", 404: "not found: no such endpoint",
+                 405: "method not allowed", 406: "not acceptable", 408: "request timeout", 409: "conflict",
+                 411: "length required", 413: "request body too large", 414: "URI too long",
+                 415: "unsupported media type", 422: "unprocessable request", 429: "too many requests",
+                 431: "request headers too large"}
+SERVER_ERRORS = {500: "the model server failed on this request",
+                 501: "not implemented by the model server",
+                 502: "the model server gave no valid answer",
+                 503: "no model server is available right now; retry after Retry-After seconds",
+                 504: "the model server did not answer in time"}
 # Every other answer HAProxy itself may give, as OpenAI-shaped JSON with its reason (header and body "type"):
 # status -> (reason, message). 503 is the backend's (queue timeout or router down, below).
 HAPROXY_ERRORS = {
@@ -106,7 +140,7 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
     n, q, t = int(fd["max_concurrent_requests"]), int(fd["queue_size"]), int(fd["queue_timeout_secs"])
     ra = str(int(fd["retry_after_secs"]))
     up = f"srv_is_up({BACKEND}/{SERVER})"
-    idle = int(fd["idle_timeout_secs"])
+    server_timeout, client_timeout = int(fd["server_timeout_secs"]), int(fd["client_timeout_secs"])
     read_timeout = int(fd.get("request_read_timeout_secs", 10))
     max_body = int(fd.get("max_body_bytes", 4 * 1024 * 1024))
     conns = int(fd["max_connections"])
@@ -134,15 +168,16 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
     if stats_socket:
         add(g, "stats", "socket", stats_socket, "mode", "660", "level", "admin")
     d = "defaults"
-    for words in (("mode", "http"), ("log", "global"), ("option", "httplog"), ("option", "dontlognull"),
-                  ("option", "http-no-delay"), ("option", "abortonclose"), ("timeout", "connect", "5s"),
-                  ("timeout", "queue", f"{t}s"), ("timeout", "client", f"{idle}s"), ("timeout", "server", f"{idle}s"),
+    for words in (("mode", "http"), ("log", "global"), ("option", "dontlognull"),
+                  ("option", "http-no-delay"), ("option", "abortonclose"), ("log-format", LOG_FORMAT), ("timeout", "connect", "5s"),
+                  ("timeout", "queue", f"{t}s"), ("timeout", "client", f"{client_timeout}s"),
+                  ("timeout", "server", f"{server_timeout}s"),
                   ("timeout", "http-request", f"{read_timeout}s"), ("timeout", "http-keep-alive", "10s")):
         add(d, *words)
     def errors(section: str) -> None:
         for status, (reason, message) in HAPROXY_ERRORS.items():
             add(section, "http-error", "status", str(status), "content-type", "application/json", "hdr",
-                REFUSAL_HEADER, reason, "string",
+                REFUSAL_HEADER, reason, "hdr", REQUEST_ID_HEADER, REQUEST_ID, "string",
                 _json_error(message, BODY_TYPES.get(reason, reason.replace("-", "_")), status))
 
     # in defaults (the backends' 502/504) and again on the frontend: HAProxy 2.6 answers a request it cannot parse
@@ -153,17 +188,22 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
     # its headroom (else monitoring goes blind exactly when it is needed)
     add(f, "bind", haproxy_address(fd["bind"], int(fd["port"])), "maxconn", str(max(conns - METRICS_HEADROOM, 1)))
     errors(f)
+    # the request id (a UUID per request) goes to the router, which echoes it in its answer, and into the log line
+    add(f, "unique-id-format", "%[uuid()]")
+    add(f, "http-request", "set-header", REQUEST_ID_HEADER, REQUEST_ID)
+    add(f, "declare", "capture", "response", "len", "64")
+    rid = ("hdr", REQUEST_ID_HEADER, REQUEST_ID)
     if per_source > 0:
         # one client address holds at most this many connections (in flight, queued or being read): its share.
         # Tracked at accept, so a connection counts itself; ipv6 keys hold IPv4 sources too
         add(f, "stick-table", "type", "ipv6", "size", "100k", "expire", "60s", "store", "conn_cur")
         add(f, "tcp-request", "connection", "track-sc0", "src")
         add(f, "http-request", "return", "status", "429", "content-type", "application/json", "hdr", "Retry-After",
-            ra, "hdr", REFUSAL_HEADER, SOURCE_LIMIT, "string",
+            ra, "hdr", REFUSAL_HEADER, SOURCE_LIMIT, *rid, "string",
             _json_error(f"too many connections from your address: at most {per_source} at once",
                         BODY_TYPES[QUEUE_FULL], 429), "if", "{", "sc_conn_cur(0)", "gt", str(per_source), "}")
     if api_key_file:
-        add(f, "http-request", "return", "status", "401", "content-type", "application/json", "string",
+        add(f, "http-request", "return", "status", "401", "content-type", "application/json", *rid, "string",
             _json_error("missing or wrong API key (Authorization: Bearer KEY)", "authentication_error", 401),
             "unless", "{", "req.hdr(authorization)", "-m", "str", "-f", api_key_file, "}")
     too_large = _json_error(f"request body too large: over {max_body} bytes", BODY_TYPES[BODY_TOO_LARGE], 413)
@@ -175,7 +215,21 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
         if i:
             add(f, "http-request", "wait-for-body", "time", f"{read_timeout}s")
         add(f, "http-request", "return", "status", "413", "content-type", "application/json", "hdr", REFUSAL_HEADER,
-            BODY_TOO_LARGE, "string", too_large, "if", "{", fetch, "gt", str(max_body), "}")
+            BODY_TOO_LARGE, *rid, "string", too_large, "if", "{", fetch, "gt", str(max_body), "}")
+    models = [str(m) for m in fd.get("served_models") or []]
+    if models:
+        # OpenAI's API answers a model it does not serve with 404 model_not_found; SGLang would serve any name with
+        # the one model it runs. Only a body that names a model is checked (SGLang's /generate has none)
+        model = "req.body,json_query('$.model')"
+        add(f, "acl", "pdstack_model_named", model, "-m", "found")
+        # `--` ends the flags: a name such as "-i" is a pattern, not a flag
+        add(f, "acl", "pdstack_model_served", model, "-m", "str", "--", *models)
+        add(f, "http-request", "return", "status", "404", "content-type", "application/json", "hdr", REFUSAL_HEADER,
+            MODEL_NOT_FOUND, *rid, "string",
+            json_text({"error": {"message": "the model named in the request is not served here (GET /v1/models "
+                                            "lists the served ones)", "type": "invalid_request_error",
+                                 "code": "model_not_found"}}),
+            "if", "METH_POST", "{", "path_beg", "/v1/", "}", "pdstack_model_named", "!pdstack_model_served")
     if maintenance_file:
         # a planned restart of the only server of a role (roles/serving): new requests get 503 at once, while the
         # ones already in flight or queued finish
@@ -195,9 +249,35 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
     # body pick by the server's state (log-format, iif).
     add(b, "http-error", "status", "503", "content-type", "application/json", "hdr", "Retry-After", ra,
         "hdr", REFUSAL_HEADER, f"%[{up},iif({QUEUE_TIMEOUT},{ROUTER_DOWN})]", "lf-string", _json_error_lf(up))
-    # the router's own 503s (no healthy worker) carry Retry-After too
-    add(b, "http-response", "set-header", "Retry-After", ra, "if", "{", "status", "503", "}",
-        "!{", "res.hdr(retry-after)", "-m", "found", "}")
+    # The router's errors as OpenAI-shaped JSON, nothing internal in them: a 5xx body is replaced (its detail, an
+    # internal URL or a worker's traceback, stays in the router's log; HAProxy's log line has the request id and the
+    # router's x-smg-error-code), a 4xx that is not JSON is wrapped, its text kept unless it names an address
+    add(b, "http-response", "wait-for-body", "time", "2s", "if", "{", "status", "ge", "400", "}")
+    add(b, "http-response", "capture", "res.hdr(x-smg-error-code)", "id", "0")
+    add(b, "http-response", "del-header", "Server")
+    add(b, "http-response", "del-header", "x-smg-error-code")
+    add(b, "acl", "pdstack_res_json", "res.hdr(content-type)", "-m", "beg", "application/json")
+    add(b, "acl", "pdstack_res_leak", "res.body", "-m", "reg", "-i", LEAK_REGEX)
+    add(b, "http-response", "set-var-fmt(txn.pdstack_detail)", ": %[res.body,json(utf8s)]", "if", "{", "status",
+        "ge", "400", "}", "{", "res.body_size", "gt", "0", "}", "!pdstack_res_leak")
+    for status, message in CLIENT_ERRORS.items():
+        kind = "rate_limit_exceeded" if status == 429 else "invalid_request_error"
+        add(b, "http-response", "return", "status", str(status), "content-type", "application/json", *rid,
+            "lf-string", _json_error(message + "@DETAIL@", kind, status).replace("@DETAIL@",
+                                                                                 "%[var(txn.pdstack_detail)]"),
+            "if", "{", "status", str(status), "}", "!pdstack_res_json")
+        add(b, "http-response", "return", "status", str(status), "content-type", "application/json", *rid,
+            "string", _json_error(message, kind, status), "if", "{", "status", str(status), "}", "pdstack_res_leak")
+    for status, message in SERVER_ERRORS.items():
+        retry = ("hdr", "Retry-After", ra) if status == 503 else ()
+        add(b, "http-response", "return", "status", str(status), "content-type", "application/json", *rid, *retry,
+            "hdr", REFUSAL_HEADER, UPSTREAM_REFUSED if status == 503 else UPSTREAM_ERROR, "string",
+            _json_error(message, "upstream_unavailable" if status == 503 else "upstream_error", status),
+            "if", "{", "status", str(status), "}")
+    add(b, "http-response", "return", "status", "502", "content-type", "application/json", *rid, "hdr",
+        REFUSAL_HEADER, UPSTREAM_ERROR, "string",
+        _json_error("the model server gave an unexpected error", "upstream_error", 502),
+        "if", "{", "status", "ge", "400", "}", "!pdstack_res_json")
     limits = ("maxconn", str(n), "maxqueue", str(max(q, 1))) if n > 0 else ()
     add(b, "server", SERVER, haproxy_address(fd["backend_address"], int(fd["backend_port"])), *limits,
         "check", "inter", "2s", "fall", "2", "rise", "1", "observe", "layer4", "error-limit", "1",

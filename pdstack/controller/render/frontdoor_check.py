@@ -12,7 +12,7 @@ import ipaddress
 from typing import Any
 
 from pdstack.controller.render import frontdoor
-from pdstack.controller.render.encoders import EncodeError, haproxy_address, parse_haproxy
+from pdstack.controller.render.encoders import EncodeError, haproxy_address, haproxy_word, parse_haproxy
 
 # HAProxy keeps timers in ms in a signed 32-bit int: `timeout ...` and `hard-stop-after` above 2**31-1 ms
 # (~24.8 days) are refused by `haproxy -c` ("timer overflow", measured on 2.6.12).
@@ -39,7 +39,9 @@ SOURCES = {
     "request_read_timeout_secs": "pdstack_router.frontdoor.request_read_timeout_secs",
     "max_body_bytes": "pdstack_router.frontdoor.max_body_bytes",
     "max_connections_per_source": "pdstack_router.frontdoor.max_connections_per_source",
-    "idle_timeout_secs": "pdstack_router.request_timeout_secs (+ 30 s: HAProxy's client/server timeouts)",
+    "server_timeout_secs": "pdstack_router.request_timeout_secs (HAProxy's timeout server)",
+    "client_timeout_secs": "pdstack_router.frontdoor.client_timeout_secs",
+    "served_models": "pdstack_model.served_name",
     "hard_stop_after_secs": "pdstack_router.request_timeout_secs (+ 60 s: HAProxy's hard-stop-after)",
     "max_connections": "pdstack_router.admission (max_concurrent_requests + queue_size: HAProxy's global maxconn)",
 }
@@ -86,14 +88,23 @@ def limit_problems(fd: dict[str, Any]) -> list[str]:
         v = fd.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65535:
             out.append(f"{SOURCES[key]}: {v!r} is not a TCP port (1-65535)")
-    for key in ("queue_timeout_secs", "idle_timeout_secs", "hard_stop_after_secs", "retry_after_secs",
-                "request_read_timeout_secs"):
+    for key in ("queue_timeout_secs", "server_timeout_secs", "client_timeout_secs", "hard_stop_after_secs",
+                "retry_after_secs", "request_read_timeout_secs"):
         v = fd.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             out.append(f"{SOURCES[key]}: {v!r} is not a whole number of seconds >= 0")
         elif v > MAX_TIMEOUT_SECS:
             out.append(f"{SOURCES[key]}: {v} s is over HAProxy's timer limit of {MAX_TIMEOUT_SECS} s (2**31-1 ms, "
                        "~24.8 days); use a smaller value")
+    models = fd.get("served_models", [])
+    if not isinstance(models, list):
+        out.append(f"{SOURCES['served_models']}: {models!r} is not a list of names")
+    for m in models if isinstance(models, list) else ():
+        try:
+            haproxy_word(m)
+        except EncodeError as e:
+            out.append(f"{SOURCES['served_models']}: the front door checks requests against it in haproxy.cfg, which "
+                       f"cannot carry it: {e}")
     b = fd.get("max_body_bytes")
     if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BODY_BYTES:
         out.append(f"{SOURCES['max_body_bytes']}: {b!r} is not a byte count 1-{MAX_BODY_BYTES} (a body is buffered "

@@ -211,7 +211,8 @@ class FrontDoorProcess(ManagedProcess):
         self.port, self.metrics_port = free_port(), free_port()
         self.fd = {"bind": LOCALHOST, "port": self.port, "backend_address": LOCALHOST,
                    "backend_port": router.port, "max_concurrent_requests": 8, "queue_size": 16,
-                   "queue_timeout_secs": 10, "retry_after_secs": 1, "idle_timeout_secs": 60,
+                   "queue_timeout_secs": 10, "retry_after_secs": 1, "server_timeout_secs": 60,
+                   "client_timeout_secs": 60,
                    "hard_stop_after_secs": 60, "max_connections": 4096, "metrics_bind": LOCALHOST,
                    "metrics_port": self.metrics_port, **settings}
         self.config_path = Path(log_dir) / f"haproxy-{self.port}.cfg"
