@@ -41,6 +41,13 @@ def test_mode_follows_the_router_and_the_front_door_socket(stack, tmp_path):
     sock = str(stack.frontdoor.socket_path)
     assert run("mode", "--router", stack.router.url, "--drain", "router", "--socket", sock)[1]["mode"] == "router"
     assert run("mode", "--router", stack.router.url, "--drain", "frontdoor", "--socket", sock)[1]["mode"] == "frontdoor"
+    acl = str(stack.frontdoor.maintenance_file)
+    assert run("mode", "--router", stack.router.url, "--drain", "frontdoor", "--socket", sock,
+               "--acl", acl)[1]["mode"] == "frontdoor"
+    # a HAProxy that does not carry the switch (Debian's own config, same socket: the front door phase not run yet)
+    rc, out, _ = run("mode", "--router", stack.router.url, "--drain", "frontdoor", "--socket", sock,
+                     "--acl", str(tmp_path / "other.acl"))
+    assert (rc, out["mode"]) == (0, "none") and "not configured yet" in out["reason"], out
     rc, out, _ = run("mode", "--router", stack.router.url, "--drain", "frontdoor", "--socket", str(tmp_path / "no"))
     assert (rc, out["mode"]) == (0, "none") and "socket" in out["reason"], out
     rc, out, _ = run("mode", "--router", f"http://127.0.0.1:{free_port()}", "--drain", "router", "--socket", sock)

@@ -79,12 +79,22 @@ def _listed(router: str, url: str) -> list[dict]:
     return [w for w in workers(router) or [] if isinstance(w, dict) and w.get("url") == url]
 
 
-def mode(router: str, drain: str, sock: str) -> dict:
+def mode(router: str, drain: str, sock: str, acl: str | None = None) -> dict:
     if workers(router) is None:
         return {"mode": "none", "reason": f"{router}/workers does not answer: no router serves yet"}
     if drain == "frontdoor" and not os.path.exists(sock):
         return {"mode": "none", "reason": f"the front door's runtime socket {sock} is missing: no front door"}
+    if drain == "frontdoor" and acl and not _acl_loaded(sock, acl):
+        # HAProxy runs, but not pdstack's configuration (Debian's own, with the same socket: an earlier run stopped
+        # before the front door phase), so no client reaches these servers through it: nothing to switch
+        return {"mode": "none", "reason": f"the HAProxy at {sock} does not carry the maintenance switch {acl}: the "
+                                          "front door is not configured yet"}
     return {"mode": drain, "reason": ""}
+
+
+def _acl_loaded(sock: str, acl: str) -> bool:
+    """Whether the running HAProxy loaded the ACL file `acl` (runtime API `show acl`: `ID (FILE) ...` a line)."""
+    return any(f"({acl})" in line for line in runtime_api(sock, "show acl").splitlines())
 
 
 def _until(done, timeout: float) -> int:
@@ -183,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--router", required=True)
     m.add_argument("--drain", required=True, choices=["router", "frontdoor"])
     m.add_argument("--socket", required=True)
+    m.add_argument("--acl", help="the maintenance switch's ACL file: without it loaded, the front door is not "
+                   "pdstack's yet (mode none)")
     o = sub.add_parser("out")
     o.add_argument("--router", required=True)
     o.add_argument("--worker-url", required=True)
@@ -202,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.cmd == "mode":
-            out = mode(a.router, a.drain, a.socket)
+            out = mode(a.router, a.drain, a.socket, a.acl)
         elif a.cmd == "out":
             out = take_out(a.router, a.worker_url, a.timeout)
         elif a.cmd == "wait":

@@ -62,14 +62,15 @@ def rendered_router_flags(inventory: str | Path = "inventory/local",
 class Stack:
     """prefill + decode sims, the router, and a front door (replaceable with other admission settings)."""
 
-    def __init__(self, log_dir: Path, router_extra: list[str] | None = None):
+    def __init__(self, log_dir: Path, router_extra: list[str] | None = None, sim_args: list[str] | None = None):
         self.log_dir = Path(log_dir)
+        self.sim_args = list(sim_args or SIM_ARGS)
         self._stack = ExitStack()
         self.frontdoor: FrontDoorProcess | None = None
         try:
-            self.prefill = SimProcess("prefill", self.log_dir, SIM_ARGS)
+            self.prefill = SimProcess("prefill", self.log_dir, self.sim_args)
             self._stack.callback(self.prefill.stop)
-            self.decode = SimProcess("decode", self.log_dir, SIM_ARGS)
+            self.decode = SimProcess("decode", self.log_dir, self.sim_args)
             self._stack.callback(self.decode.stop)
             self.prefill.start()
             self.decode.start()
@@ -83,7 +84,7 @@ class Stack:
 
     def restart_prefill(self) -> SimProcess:
         """A new prefill process on the same ports (the old one must be gone)."""
-        self.prefill = SimProcess("prefill", self.log_dir, SIM_ARGS, port=self.prefill.port,
+        self.prefill = SimProcess("prefill", self.log_dir, self.sim_args, port=self.prefill.port,
                                   bootstrap_port=self.prefill.bootstrap_port)
         self._stack.callback(self.prefill.stop)
         return self.prefill.start()

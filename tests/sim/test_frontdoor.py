@@ -343,3 +343,187 @@ def test_one_source_holds_at_most_its_share(stack):
             assert r["seconds"] < 0.5 and r["headers"].get("retry-after") == "1", r
     assert other["status"] == 200, other
     assert _raw(fd.port, req, wait=20)["status"] == 200
+
+
+# --- the router's errors, the time budget, stalled readers (issue 25) --------------------------------------------
+
+
+def _chat(tokens: int, stream: bool = False, **extra) -> bytes:
+    return json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens, "stream": stream,
+                       **extra}).encode()
+
+
+def _req(method: str, path: str, body: bytes = b"") -> bytes:
+    return (f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def _internal(st: admission.Stack) -> list[str]:
+    """What must never leave the host: loopback and URL text, the router's and the workers' ports."""
+    ports = [st.router.port, st.prefill.port, st.decode.port, st.prefill.bootstrap_port]
+    return ["127.0.0.1", "http://", "localhost", *(f":{p}" for p in ports if p)]
+
+
+def _no_leak(r: dict, st: admission.Stack) -> None:
+    text = json.dumps(r["headers"]) + r["body"]
+    assert not [w for w in _internal(st) if w in text], r
+    assert "server" not in r["headers"] and "x-smg-error-code" not in r["headers"], r["headers"]
+
+
+def _json_error(r: dict, status: int, code: object = None) -> dict:
+    """OpenAI-shaped JSON with the request id; its "code" is `code` (default: the status; "" for any)."""
+    assert r["status"] == status, r
+    assert r["headers"].get("content-type") == "application/json", r
+    assert len(r["headers"].get("x-request-id", "")) == 36, r  # HAProxy's uuid
+    err = json.loads(r["body"])["error"]
+    assert err["message"] and err["type"], err
+    assert err["code"] if code == "" else err["code"] == (status if code is None else code), err
+    return err
+
+
+def test_the_routers_errors_are_json_and_name_no_internal_address(tmp_path):
+    """Its own stack (prefill is stopped): a 4xx the router answers as text or empty is wrapped as JSON (its text
+    kept), a JSON 4xx passes, and its 5xx (which name the workers' URLs) are replaced; every answer has the
+    request id, which HAProxy's log line carries."""
+    with admission.Stack(tmp_path) as st:
+        fd = st.with_frontdoor(max_concurrent_requests=2, queue_size=2, queue_timeout_secs=5)
+        r = _raw(fd.port, _req("POST", "/generate", b'{"text": 5}'), wait=10)
+        err = _json_error(r, 422)
+        assert "invalid type" in err["message"] and err["type"] == "invalid_request_error", err  # the router's text
+        _no_leak(r, st)
+        for method, path, status in (("GET", "/v1/nope", 404), ("PUT", "/v1/chat/completions", 405)):
+            r = _raw(fd.port, _req(method, path), wait=10)
+            _json_error(r, status)
+            _no_leak(r, st)
+        r = _raw(fd.port, _req("POST", "/v1/chat/completions", b"not json"), wait=10)
+        assert _json_error(r, 400, code="json_parse_error")["type"] == "invalid_request_error"  # the router's JSON
+        st.prefill.stop()
+        time.sleep(0.5)
+        seen = []
+        for stream in (False, True, False):
+            r = _raw(fd.port, _req("POST", "/v1/chat/completions", _chat(4, stream)), wait=30)
+            assert r["status"] >= 500, r
+            err = _json_error(r, r["status"])
+            assert r["headers"]["x-pdstack-refusal"] in ("upstream-error", "upstream-refused"), r
+            assert err["type"] in ("upstream_error", "upstream_unavailable"), err
+            _no_leak(r, st)
+            seen.append(r)
+        time.sleep(0.5)  # HAProxy's log line is written when the answer ends
+        log = fd.log_path.read_text()
+        for r in seen:
+            line = next(ln for ln in log.splitlines() if f"id={r['headers']['x-request-id']}" in ln)
+            assert f" {r['status']} " in line, line
+        # the router's own log has the detail the client did not get
+        assert "127.0.0.1" in st.router.log_path.read_text()
+
+
+def test_an_unknown_model_is_404_model_not_found_through_the_openai_sdk(stack):
+    import openai
+
+    fd = stack.with_frontdoor(max_concurrent_requests=2, queue_size=2, queue_timeout_secs=5,
+                              served_models=["pdstack-sim"])
+    client = openai.OpenAI(base_url=fd.url + "/v1", api_key="none", max_retries=0, timeout=20)
+    for name in ("nope", 'a"b', "pdstack-sim ", "PDSTACK-SIM", "x" * 5000):
+        with pytest.raises(openai.NotFoundError) as e:
+            client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert e.value.code == "model_not_found" and e.value.type == "invalid_request_error", e.value.body
+        assert len(e.value.request_id or "") == 36 and "x" * 50 not in str(e.value.body)
+    out = client.chat.completions.create(model="pdstack-sim", messages=[{"role": "user", "content": "hi"}],
+                                         max_tokens=2)
+    assert out.choices[0].message is not None
+    # a model that is not a string, and one in a completions request
+    r = _raw(fd.port, _req("POST", "/v1/chat/completions", _chat(2, model=5)), wait=10)
+    _json_error(r, 404, code="model_not_found")
+    r = _raw(fd.port, _req("POST", "/v1/completions", json.dumps({"model": "nope", "prompt": "hi"}).encode()))
+    assert r["status"] == 404 and r["headers"]["x-pdstack-refusal"] == "model-not-found", r
+    # no model named (SGLang's default) and SGLang's native /generate: served
+    assert _raw(fd.port, _req("POST", "/v1/chat/completions", _chat(2)), wait=20)["status"] == 200
+    assert request(fd.url, 2)["status"] == 200
+
+
+def _decode_aborted(st: admission.Stack) -> float:
+    _, raw = admission.http_get(st.decode.url + "/metrics", timeout=2)
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in raw.decode().splitlines()
+               if ln.startswith("sglang:num_aborted_requests_total"))
+
+
+def test_a_request_over_its_budget_gets_504_json_and_is_not_retried(stack):
+    """The budget is HAProxy's server timeout (the router's own is later, as the planner renders it): a non-stream
+    request the router has not answered within it gets 504 JSON at the budget, and decode saw one attempt (it is
+    aborted when HAProxy lets go; 0.3.2 would retry an attempt that its own timeout ended)."""
+    budget = 2
+    fd = stack.with_frontdoor(max_concurrent_requests=2, queue_size=2, queue_timeout_secs=5,
+                              server_timeout_secs=budget)
+    aborted = _decode_aborted(stack)
+    r = _raw(fd.port, _req("POST", "/v1/chat/completions", _chat(int(5 * DECODE_TPS))), wait=20)
+    err = _json_error(r, 504)
+    assert r["headers"]["x-pdstack-refusal"] == "gateway-timeout" and err["type"] == "gateway_timeout", r
+    assert budget <= r["seconds"] < budget + 1.0, r
+    with admission.Sampler(stack.decode, period=0.1) as s:
+        time.sleep(4.0)  # past a retry's backoff (the router's 0.3.2 default: 50-... ms) and a second attempt's start
+    assert s.samples and max(s.samples[5:]) == 0, s.samples  # nothing running again: no retry
+    assert _decode_aborted(stack) == aborted + 1
+
+
+def test_a_stream_past_the_routers_timeout_is_cut_without_done(tmp_path):
+    """What 0.3.2 does to a stream that outlives its --request-timeout-secs (it caps a whole stream): the body
+    stops mid-stream with no error event, no [DONE] and no last chunk. The front door cannot add them (HAProxy 2.6
+    does not write into a body it forwards); docs/admission.md states this measurement."""
+    with admission.Stack(tmp_path, router_extra=["--request-timeout-secs", "2"]) as st:
+        fd = st.with_frontdoor(max_concurrent_requests=2, queue_size=2, queue_timeout_secs=5)
+        r = _raw(fd.port, _req("POST", "/v1/chat/completions", _chat(int(5 * DECODE_TPS), stream=True)), wait=20)
+        assert r["status"] == 200 and r["body"].count("data: ") > 10, r
+        assert 2.0 <= r["seconds"] < 3.5, r
+        assert "[DONE]" not in r["body"] and '"error"' not in r["body"], r["body"][-300:]
+        assert not r["body"].endswith("0\r\n\r\n"), r["body"][-50:]  # no last chunk: cut, not ended
+
+
+def _unread(port: int, body: bytes) -> socket.socket:
+    """A client that sends a request and then never reads (a small receive buffer)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.sendall(_req("POST", "/v1/chat/completions", body))
+    return s
+
+
+def _wait_metric(fd, name: str, value: float, within: float, **labels) -> float:
+    t0 = time.monotonic()
+    while fd.metric(name, **labels) != value:
+        assert time.monotonic() - t0 < within, (name, labels, fd.metric(name, **labels))
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def test_a_client_that_reads_nothing_holds_its_slot_no_longer_than_its_answer_takes(stack):
+    """A stream that is never read frees its router slot when its answer is generated (HAProxy's buffers hold
+    it), not at the router's request timeout; a non-stream request that waits longer than the client timeout is
+    still answered (that timeout counts only a client that reads nothing while HAProxy has data for it)."""
+    fd = stack.with_frontdoor(max_concurrent_requests=2, queue_size=2, queue_timeout_secs=5, client_timeout_secs=2)
+    s = _unread(fd.port, _chat(int(3 * DECODE_TPS), stream=True))
+    try:
+        time.sleep(1.0)
+        assert fd.metric("haproxy_server_current_sessions", proxy="pdstack_router") == 1
+        assert _wait_metric(fd, "haproxy_server_current_sessions", 0, 4.0, proxy="pdstack_router") < 3.0
+    finally:
+        s.close()
+    r = _raw(fd.port, _req("POST", "/v1/chat/completions", _chat(int(4 * DECODE_TPS))), wait=20)
+    assert r["status"] == 200 and r["seconds"] > 3.5, r
+
+
+def test_an_answer_larger_than_the_buffers_frees_the_slot_and_the_stalled_client_is_let_go(tmp_path):
+    """A fast decode (20,000 tokens/s) and a 9 MB stream never read: the slot is free once decode finished (the
+    front door buffers what the client does not read, ~4 MB of it here), and the client is let go client_timeout
+    after its buffers filled; another request meanwhile is served at once."""
+    fast = ["--prefill-tokens-per-s", "1000000", "--decode-tokens-per-s", "20000", "--decode-batch-penalty", "0",
+            "--bootstrap-timeout-s", "5"]
+    with admission.Stack(tmp_path, sim_args=fast) as st:
+        fd = st.with_frontdoor(max_concurrent_requests=1, queue_size=0, queue_timeout_secs=5, client_timeout_secs=3)
+        s = _unread(fd.port, _chat(40_000, stream=True))
+        try:
+            freed = _wait_metric(fd, "haproxy_server_current_sessions", 0, 10.0, proxy="pdstack_router")
+            assert request(fd.url, 4)["status"] == 200  # the one slot is free
+            gone = _wait_metric(fd, "haproxy_frontend_current_sessions", 0, 3 + 5.0, proxy="pdstack")
+        finally:
+            s.close()
+        assert freed < 6.0 and gone < 3 + 4.0, (freed, gone)
