@@ -169,7 +169,8 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
         add(g, "stats", "socket", stats_socket, "mode", "660", "level", "admin")
     d = "defaults"
     for words in (("mode", "http"), ("log", "global"), ("option", "dontlognull"),
-                  ("option", "http-no-delay"), ("option", "abortonclose"), ("log-format", LOG_FORMAT), ("timeout", "connect", "5s"),
+                  ("option", "http-no-delay"), ("option", "abortonclose"), ("log-format", LOG_FORMAT),
+                  ("timeout", "connect", "5s"),
                   ("timeout", "queue", f"{t}s"), ("timeout", "client", f"{client_timeout}s"),
                   ("timeout", "server", f"{server_timeout}s"),
                   ("timeout", "http-request", f"{read_timeout}s"), ("timeout", "http-keep-alive", "10s")):
