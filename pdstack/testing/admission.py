@@ -7,6 +7,8 @@ The tests (tests/sim/test_frontdoor.py) assert on these figures; `python -m pdst
   slowest/fastest answer.
 - queue_timeout: long requests so the waiters outlast queue_timeout_secs; when each was refused.
 - sustained: `rate` requests/s for `seconds` of ~`request_s` requests; then one request alone (service normal after).
+- latency (`--scenario latency`, not in the default run): what the front door adds per request (p50/p99) and the
+  requests/s it sustains, against the router direct, in one run.
 """
 
 from __future__ import annotations
@@ -235,7 +237,58 @@ def sustained(stack: Stack, rate: float = 5.0, seconds: float = 20.0, max_concur
             "statuses": _by_status(results), "after": {k: after[k] for k in ("status", "seconds")}}
 
 
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def _throughput(url: str, concurrency: int, seconds: float) -> float:
+    """Requests/s `concurrency` clients get served (200) from `url` in `seconds`, each request a new connection."""
+    counts, stop = [0] * concurrency, time.monotonic() + seconds
+
+    def client(i: int) -> None:
+        while time.monotonic() < stop:
+            if request(url, 1)["status"] == 200:
+                counts[i] += 1  # one slot per thread
+
+    ths = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(concurrency)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    return round(sum(counts) / seconds, 1)
+
+
+def latency(stack: Stack, requests: int = 300, concurrency: int = 16, seconds: float = 10.0) -> dict:
+    """What the front door adds: `requests` one-token requests one after another, alternating the router direct and
+    the front door (p50/p99 of each, ms); then `concurrency` clients for `seconds` against each (requests/s). Each
+    request is a new connection (urllib), as for a simple client; admission is wide open (N = Q = 1024) so
+    nothing waits in it."""
+    fd = stack.with_frontdoor(max_concurrent_requests=1024, queue_size=1024, queue_timeout_secs=30)
+    urls = {"router": stack.router.url, "frontdoor": fd.url}
+    lat: dict[str, list[float]] = {k: [] for k in urls}
+    for i in range(2 * requests):
+        k = ("router", "frontdoor")[i % 2]
+        r = request(urls[k], 1)
+        if r["status"] == 200:
+            lat[k].append(r["seconds"] * 1000)
+    out: dict = {"scenario": "latency", "requests": requests, "concurrency": concurrency, "seconds": seconds}
+    for k, xs in lat.items():
+        out[k] = {"ok": len(xs), "p50_ms": round(_pct(xs, 0.5), 2), "p99_ms": round(_pct(xs, 0.99), 2)}
+    for k, url in urls.items():
+        out[k]["req_per_s"] = _throughput(url, concurrency, seconds)
+    out["added_p50_ms"] = round(out["frontdoor"]["p50_ms"] - out["router"]["p50_ms"], 2)
+    out["added_p99_ms"] = round(out["frontdoor"]["p99_ms"] - out["router"]["p99_ms"], 2)
+    return out
+
+
 def _table(r: dict) -> str:
+    if r["scenario"] == "latency":
+        return "\n".join([f"latency: {r['requests']} one-token requests each way, then {r['concurrency']} clients "
+                          f"for {r['seconds']} s"] + [
+            f"  {k:9s} p50 {r[k]['p50_ms']:.2f} ms  p99 {r[k]['p99_ms']:.2f} ms  {r[k]['req_per_s']} req/s "
+            f"({r[k]['ok']} ok)" for k in ("router", "frontdoor")] + [
+            f"  added by the front door: p50 {r['added_p50_ms']:+.2f} ms, p99 {r['added_p99_ms']:+.2f} ms"])
     head = ", ".join(f"{k}={r[k]}" for k in r if k not in ("scenario", "statuses", "after", "samples"))
     lines = [f"{r['scenario']}: {head}"]
     for code, st in r["statuses"].items():
@@ -251,14 +304,15 @@ def main(argv: list[str] | None = None) -> int:
                                  description="measure the front door's admission control on loopback (real HAProxy, "
                                  "real sglang-router, sim PD pair) and print the figures")
     ap.add_argument("--json", help="also write the figures to this file")
-    ap.add_argument("--scenario", action="append", choices=["burst", "queue_timeout", "sustained"],
+    ap.add_argument("--scenario", action="append", choices=["burst", "queue_timeout", "sustained", "latency"],
                     help="run only these (default: all)")
     a = ap.parse_args(argv)
     runs = a.scenario or ["burst", "queue_timeout", "sustained"]
     out = []
     with tempfile.TemporaryDirectory(prefix="pdstack-admission-") as d, Stack(Path(d)) as stack:
         for name in runs:
-            r = {"burst": burst, "queue_timeout": queue_timeout, "sustained": sustained}[name](stack)
+            scenarios = {"burst": burst, "queue_timeout": queue_timeout, "sustained": sustained, "latency": latency}
+            r = scenarios[name](stack)
             print(_table(r), flush=True)
             out.append(r)
     if a.json:
