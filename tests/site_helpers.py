@@ -43,6 +43,17 @@ def recap(out: str) -> dict[str, dict[str, int]]:
     return rows
 
 
+def changed_tasks(out: str) -> list[str]:
+    """The tasks a playbook run reported changed (TASK header, then the changed line): for assertion messages."""
+    found, task = [], ""
+    for line in out.splitlines():
+        if line.startswith("TASK ["):
+            task = line.split("]", 1)[0] + "]"
+        elif line.startswith("changed: ["):
+            found.append(f"{task} {line[:120]}")
+    return found
+
+
 def sh(host: str, *cmd: str, timeout: int = 60) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", "exec", host, *cmd], capture_output=True, text=True, timeout=timeout)
 
