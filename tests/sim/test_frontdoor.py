@@ -204,12 +204,17 @@ def _raw(port: int, data: bytes, trickle_s: float = 0.0, wait: float = 30.0, sou
             "seconds": time.monotonic() - t0}
 
 
-def _openai_error(r: dict, status: int, reason: str) -> dict:
-    """The answer is `status` as OpenAI-shaped JSON naming `reason` (header); returns its "error" object."""
+def _error_object(r: dict, status: int) -> dict:
+    """The answer is `status` with a JSON body; returns its "error" object."""
     assert r["status"] == status, r
     assert r["headers"].get("content-type") == "application/json", r
+    return json.loads(r["body"])["error"]
+
+
+def _openai_error(r: dict, status: int, reason: str) -> dict:
+    """The answer is `status` as OpenAI-shaped JSON naming `reason` (header); returns its "error" object."""
+    err = _error_object(r, status)
     assert r["headers"].get("x-pdstack-refusal") == reason, r
-    err = json.loads(r["body"])["error"]
     assert set(err) == {"message", "type", "code"} and err["code"] == status and err["message"], err
     assert "127.0.0.1" not in r["body"], r
     return err
@@ -372,10 +377,8 @@ def _no_leak(r: dict, st: admission.Stack) -> None:
 
 def _json_error(r: dict, status: int, code: object = None) -> dict:
     """OpenAI-shaped JSON with the request id; its "code" is `code` (default: the status; "" for any)."""
-    assert r["status"] == status, r
-    assert r["headers"].get("content-type") == "application/json", r
+    err = _error_object(r, status)
     assert len(r["headers"].get("x-request-id", "")) == 36, r  # HAProxy's uuid
-    err = json.loads(r["body"])["error"]
     assert err["message"] and err["type"], err
     assert err["code"] if code == "" else err["code"] == (status if code is None else code), err
     return err
