@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 import site_helpers
-from site_helpers import BIN, ROOT, engine_or_skip, host_file, recap, sh
+from site_helpers import BIN, ROOT, changed_tasks, engine_or_skip, host_file, recap, sh
 
 # pyproject.toml's pdstack_shared_host_tests lists this file: one xdist worker runs every test of the pdstack-pull-N
 # hosts, in file order (pdstack/testing/parallel.py)
@@ -166,11 +166,11 @@ def test_the_image_phase_pulls_by_digest_and_a_second_run_changes_nothing(host, 
     vars_ = image_vars(manifest=pushed["manifest_file"], registry=host["registry"])
     again = playbook("--tags", "host,image", "-e", vars_)
     assert again.returncode == 0, again.stdout[-4000:]
-    assert recap(again.stdout)[HOST]["changed"] == 0, again.stdout[-3000:]
+    assert recap(again.stdout)[HOST]["changed"] == 0, changed_tasks(again.stdout)
     assert f"pulled {ref}" not in again.stdout  # present by digest: no pull
     check = playbook("--tags", "host,image", "--check", "-e", vars_)
     assert check.returncode == 0, check.stdout[-4000:]
-    assert recap(check.stdout)[HOST]["changed"] == 0, check.stdout[-3000:]
+    assert recap(check.stdout)[HOST]["changed"] == 0, changed_tasks(check.stdout)
 
 
 def test_a_digest_the_registry_lacks_fails_with_the_fix_and_changes_nothing(host, pulled):

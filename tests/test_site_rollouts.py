@@ -17,7 +17,7 @@ import time
 
 import pytest
 import yaml
-from site_helpers import ROOT, booted_hosts, completion, container_id, playbook, recap, saved_sim_image, sh
+from site_helpers import ROOT, booted_hosts, changed_tasks, completion, container_id, playbook, recap, saved_sim_image, sh
 
 # pyproject.toml's pdstack_shared_host_tests lists this file: one xdist worker runs every test of the pdstack-roll-N
 # host, in file order (pdstack/testing/parallel.py)
@@ -127,7 +127,7 @@ def test_rollout_runs_are_idempotent_and_check_mode_restarts_nothing(two_decode)
     ids = {n: container_id(host, f"pdstack-{n}") for n in ("prefill-0", "decode-0", "decode-1")}
     again = playbook(TWO)
     assert again.returncode == 0, again.stdout[-4000:]
-    assert all(x["changed"] == 0 for x in recap(again.stdout).values()), again.stdout[-3000:]
+    assert all(x["changed"] == 0 for x in recap(again.stdout).values()), changed_tasks(again.stdout)
     changed = _servers_with_env({"decode-1": {"ROLLOUT_TEST": "2"}})
     check = playbook(TWO, "--check", "-e", changed)
     assert check.returncode == 0, check.stdout[-4000:]
