@@ -17,7 +17,17 @@ import time
 
 import pytest
 import yaml
-from site_helpers import ROOT, booted_hosts, changed_tasks, completion, container_id, playbook, recap, saved_sim_image, sh
+from site_helpers import (
+    ROOT,
+    booted_hosts,
+    changed_tasks,
+    completion,
+    container_id,
+    playbook,
+    recap,
+    saved_sim_image,
+    sh,
+)
 
 # pyproject.toml's pdstack_shared_host_tests lists this file: one xdist worker runs every test of the pdstack-roll-N
 # host, in file order (pdstack/testing/parallel.py)
