@@ -76,8 +76,10 @@ ensure_venv() {
   fi
   log "venv: installing pinned requirements (first run takes a few minutes)"
   "$VENV/bin/python" -m pip install -q "pip==26.3"
-  "$VENV/bin/python" -m pip install -q -r requirements/lock.txt
-  "$VENV/bin/python" -m pip install -q --no-deps -r requirements/sglang.txt
+  # --no-compile: Python writes each module's bytecode when it is first imported; compiling every file up front
+  # (most of torch, transformers and sglang are never imported here) is most of a warm-cache install's time
+  "$VENV/bin/python" -m pip install -q --no-compile -r requirements/lock.txt
+  "$VENV/bin/python" -m pip install -q --no-compile --no-deps -r requirements/sglang.txt
   "$VENV/bin/python" -m pip install -q --no-deps -e .
   echo "$want" > "$stamp"
 }

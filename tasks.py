@@ -150,14 +150,18 @@ def demo(c: Context, count: int = 1) -> None:
     _no_dry(c, "demo")
     from concurrent.futures import ThreadPoolExecutor
 
+    from pdstack.controller.imagebuild.contexts import sim_wheels
     from pdstack.errors import PdstackError
     from pdstack.testing.testhost import baseimage
     # the test host's base image beside the sim image: on a cold machine both start with a debootstrap, which waits
-    # on the network and the disk more than on the CPU (each a no-op when its image exists)
-    with ThreadPoolExecutor(1) as pool:
+    # on the network and the disk more than on the CPU (each a no-op when its image exists); the sim image's wheels
+    # download beside the python base's debootstrap too (the build then finds them in build/wheels)
+    with ThreadPoolExecutor(2) as pool:
         base = pool.submit(baseimage.ensure_base_image)
-        build_image(c, flavor="sim", save="build/images/sim.tar")
+        wheels = pool.submit(sim_wheels)
         try:
+            wheels.result()
+            build_image(c, flavor="sim", save="build/images/sim.tar")
             base.result()
         except PdstackError as e:
             raise Exit(str(e), 1) from e

@@ -192,6 +192,23 @@ def test_locked_base_is_the_prod_default_and_prod_only(monkeypatch):
         resolve_base(object(), "sim", "locked")
 
 
+def test_sim_context_pins_every_wheel_by_hash_and_holds_none_of_the_cache(tmp_path, monkeypatch):
+    from pdstack.controller.imagebuild import contexts
+
+    built = []
+    monkeypatch.setattr(contexts, "build_wheel", lambda src, items, out: built.append(out))
+    wheels = {"torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl": "a" * 64, "aiohttp-3.9.0-py3-none-any.whl": "b" * 64,
+              "sglang-0.5.23-py3-none-any.whl": "c" * 64, "xgrammar-0.2.7-cp311-cp311-linux_x86_64.whl": "d" * 64}
+    contexts.sim_context(tmp_path, wheels)
+    req = (tmp_path / "wheels" / "requirements.txt").read_text().splitlines()
+    nodeps = (tmp_path / "wheels" / "no-deps.txt").read_text().splitlines()
+    assert req == [f"torch==2.13.0+cpu --hash=sha256:{'a' * 64}", f"aiohttp==3.9.0 --hash=sha256:{'b' * 64}"]
+    assert nodeps == [f"sglang==0.5.23 --hash=sha256:{'c' * 64}", f"xgrammar==0.2.7 --hash=sha256:{'d' * 64}"]
+    assert not list(tmp_path.rglob("*.whl")) and built == [tmp_path / "wheels"]
+    dockerfile = (tmp_path / "Dockerfile").read_text()
+    assert "--require-hashes" in dockerfile and "WHEELS_URL" in dockerfile and "COPY --from" not in dockerfile
+
+
 def test_pep508_from_wheel_names():
     assert pep508("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl") == "torch==2.13.0+cpu"
     assert pep508("nvidia_cuda_nvcc-13.0.88-py3-none-manylinux2014_x86_64.whl") == "nvidia_cuda_nvcc==13.0.88"
@@ -313,13 +330,19 @@ def test_sim_image_runs_the_test_engine_and_the_real_router(docker_client, tmp_p
                             "python3 -m sglang_router.launch_router --help | head -n 3; "
                             "python3 -c 'import torch; print(\"torch cuda:\", torch.version.cuda)'; "
                             "python3 -c 'from pdstack.testing.sim import parsing; print(\"parsers:\", "
-                            "[c.__name__ for c in parsing.classes()])'")
+                            "[c.__name__ for c in parsing.classes()])'; "
+                            "echo wheels: $(find / -xdev -name '*.whl' | wc -l); "
+                            "echo compiled: $(find /opt/pdstack/lib -path "
+                            "'*/sglang/srt/function_call/__pycache__/*.pyc' | wc -l)")
     assert "/opt/pdstack/bin/pdstack" in out and "/opt/pdstack/bin/python3" in out
     assert "TEST ENGINE" in out and "--disaggregation-mode" in out
     assert "usage: launch_router" in out
     # CPU torch only (SGLang's tool-call detector and reasoning parser import it); no CUDA in the sim image
     assert "torch cuda: None" in out
     assert "parsers: ['FunctionCallParser', 'ReasoningParser', 'Tool']" in out
+    # the wheels were served to the build, not copied into it; the bytecode is compiled in the image
+    assert "wheels: 0" in out
+    assert int(out.split("compiled: ")[1].split()[0]) > 10
 
     t0 = time.monotonic()
     again = build(flavor="sim", save=str(tmp_path / "sim.tar"), manifest=own)

@@ -1,4 +1,7 @@
-"""The docker build context of each flavor: exactly the files inputs.py hashes, plus wheels from the cache."""
+"""The docker build context of each flavor: exactly the files inputs.py hashes, plus the sim's install lists.
+
+The sim's wheels themselves stay in the host's cache: the build installs them over HTTP (wheels.serve_wheels), so
+they are neither sent as context nor kept in a layer, and the image needs no install stage to copy out of."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from pathlib import Path
 from pdstack.controller.imagebuild.common import IMAGES, ROOT
 from pdstack.controller.imagebuild.inputs import KERNEL_SOURCES, PROD_TOOLS, SIM_SOURCES, plan_argv
 from pdstack.controller.imagebuild.pins import pin, router_version, sglang_version, torch_version
-from pdstack.controller.imagebuild.wheels import build_wheel, download_wheels, link_or_copy, pep508
+from pdstack.controller.imagebuild.wheels import build_wheel, download_wheels, pep508
 
 
 def prod_context(ctx: Path, series_dir: Path) -> None:
@@ -48,12 +51,13 @@ def sim_wheels() -> tuple[Path, dict[str, str]]:
                                     *(f"{w}=={pin(ROOT / 'requirements' / 'lock.txt', w)}" for w in SIM_NO_DEPS)])
 
 
-def sim_context(ctx: Path, folder: Path, wheels: dict[str, str]) -> None:
+def sim_context(ctx: Path, wheels: dict[str, str]) -> None:
     shutil.copy2(IMAGES / "sim" / "Dockerfile", ctx / "Dockerfile")
-    for w in wheels:
-        link_or_copy(folder / w, ctx / "wheels" / w)
+    (ctx / "wheels").mkdir(parents=True)
     no_deps = [w for w in wheels if w.startswith(("sglang-", *(f"{n}-" for n in SIM_NO_DEPS)))]
-    (ctx / "wheels" / "requirements.txt").write_text("".join(f"{pep508(w)}\n" for w in wheels if w not in no_deps))
-    (ctx / "wheels" / "no-deps.txt").write_text("".join(f"{pep508(w)}\n" for w in no_deps))
+    # each line pins the wheel's sha256 (pip --require-hashes): the image holds exactly the cache's files
+    lines = {w: f"{pep508(w)} --hash=sha256:{digest}\n" for w, digest in wheels.items()}
+    (ctx / "wheels" / "requirements.txt").write_text("".join(lines[w] for w in wheels if w not in no_deps))
+    (ctx / "wheels" / "no-deps.txt").write_text("".join(lines[w] for w in no_deps))
     # The pdstack wheel holds only what the sim image runs (inputs.SIM_SOURCES), so only that feeds its tag.
     build_wheel(ROOT, SIM_SOURCES, ctx / "wheels")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -18,6 +19,7 @@ from pdstack.controller.imagebuild.manifest import check_labels, git_revision, m
 from pdstack.controller.imagebuild.pins import default_series_dir, router_version
 from pdstack.controller.imagebuild.sbom import write_sbom
 from pdstack.controller.imagebuild.ship import earlier_push, push_image, save_image
+from pdstack.controller.imagebuild.wheels import serve_wheels
 
 
 def build(flavor: str = "prod", base: str | None = None, save: str | None = None, push: str | None = None,
@@ -54,10 +56,13 @@ def build(flavor: str = "prod", base: str | None = None, save: str | None = None
                                  "CHECKS": pins["checks"]}
                     else:
                         assert wheels_folder is not None and wheels is not None
-                        sim_context(ctx, wheels_folder, wheels)
+                        sim_context(ctx, wheels)
                         args |= {"ROUTER_VERSION": router_version()}
                     t_build = time.monotonic()
-                    docker_build(c, ctx, tag, args, f"{flavor} image")
+                    with contextlib.ExitStack() as stack:
+                        if wheels_folder is not None:
+                            args["WHEELS_URL"] = stack.enter_context(serve_wheels(c, wheels_folder))
+                        docker_build(c, ctx, tag, args, f"{flavor} image")
                     build_seconds = round(time.monotonic() - t_build, 1)
     img = c.images.get(tag)
     labels = img.attrs.get("Config", {}).get("Labels") or {}

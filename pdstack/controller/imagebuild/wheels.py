@@ -70,14 +70,6 @@ def _download(name: str, requirements: list[str], no_deps, lock: Path, folder: P
     return folder, wheels
 
 
-def link_or_copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def pep508(wheel: str) -> str:
     """'torch-2.13.0+cpu-cp311-...whl' -> 'torch==2.13.0+cpu'."""
     name, version = wheel.split("-")[:2]
