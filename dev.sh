@@ -77,7 +77,8 @@ ensure_venv() {
   log "venv: installing pinned requirements (first run takes a few minutes)"
   "$VENV/bin/python" -m pip install -q "pip==26.3"
   # --no-compile: Python writes each module's bytecode when it is first imported; compiling every file up front
-  # (most of torch, transformers and sglang are never imported here) is most of a warm-cache install's time
+  # (most of torch, transformers and sglang are never imported here) took most of a fresh venv's install from
+  # pip's warm cache (./dev.sh demo's setup, venv and collections: ~110 s before, ~45 s after; docs/testing.md)
   "$VENV/bin/python" -m pip install -q --no-compile -r requirements/lock.txt
   "$VENV/bin/python" -m pip install -q --no-compile --no-deps -r requirements/sglang.txt
   "$VENV/bin/python" -m pip install -q --no-deps -e .

@@ -155,13 +155,14 @@ def demo(c: Context, count: int = 1) -> None:
     from pdstack.testing.testhost import baseimage
     # the test host's base image beside the sim image: on a cold machine both start with a debootstrap, which waits
     # on the network and the disk more than on the CPU (each a no-op when its image exists); the sim image's wheels
-    # download beside the python base's debootstrap too (the build then finds them in build/wheels)
+    # download beside the python base's debootstrap too (the build's own sim_wheels() waits on the download's lock,
+    # then finds them in build/wheels)
     with ThreadPoolExecutor(2) as pool:
         base = pool.submit(baseimage.ensure_base_image)
         wheels = pool.submit(sim_wheels)
         try:
-            wheels.result()
             build_image(c, flavor="sim", save="build/images/sim.tar")
+            wheels.result()
             base.result()
         except PdstackError as e:
             raise Exit(str(e), 1) from e
