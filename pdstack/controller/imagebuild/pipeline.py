@@ -59,10 +59,10 @@ def build(flavor: str = "prod", base: str | None = None, save: str | None = None
                         sim_context(ctx, wheels)
                         args |= {"ROUTER_VERSION": router_version()}
                     t_build = time.monotonic()
-                    with contextlib.ExitStack() as stack:
-                        if wheels_folder is not None:
-                            args["WHEELS_URL"] = stack.enter_context(serve_wheels(c, wheels_folder))
-                        docker_build(c, ctx, tag, args, f"{flavor} image")
+                    # the sim's wheels are served to its build (images/sim/Dockerfile); prod's come with its base
+                    served = serve_wheels(c, wheels_folder) if wheels_folder else contextlib.nullcontext()
+                    with served as url:
+                        docker_build(c, ctx, tag, args | ({"WHEELS_URL": url} if url else {}), f"{flavor} image")
                     build_seconds = round(time.monotonic() - t_build, 1)
     img = c.images.get(tag)
     labels = img.attrs.get("Config", {}).get("Labels") or {}
