@@ -26,17 +26,18 @@ apt_packages() {
   # prometheus: promtool for rule/config tests; haproxy: the front door's loopback tests (haproxy -c, real admission);
   # nftables: `nft -c` of the host firewall's script; docker-registry: the registry the image phase's pull test
   # pushes to and pulls from (Docker Hub is unreachable, so no registry image);
-  # iproute2/numactl: host facts; python3-venv: the venv.
-  local want=(python3 python3-venv python3-dev gcc git patch debootstrap docker.io docker-registry prometheus prometheus-node-exporter haproxy nftables iproute2 numactl curl ca-certificates rsync)
+  # iproute2/numactl: host facts; python3-venv: the venv; nginx: the local model mirror the sim inventories'
+  # model phase fetches from (pdstack/testing/mirror.py); rsync: the model phase's rsync source.
+  local want=(python3 python3-venv python3-dev gcc git patch debootstrap docker.io docker-registry prometheus prometheus-node-exporter haproxy nftables iproute2 numactl curl ca-certificates rsync nginx)
   local missing=()
   for p in "${want[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
   if [ ${#missing[@]} -gt 0 ]; then
     log "apt: installing ${missing[*]}"
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    # The Debian prometheus, haproxy and docker-registry packages start their own servers; pdstack's tests run
+    # The Debian prometheus, haproxy, docker-registry and nginx packages start their own servers; pdstack's tests run
     # their own.
-    as_root systemctl disable --now prometheus prometheus-node-exporter haproxy docker-registry >/dev/null 2>&1 || true
+    as_root systemctl disable --now prometheus prometheus-node-exporter haproxy docker-registry nginx >/dev/null 2>&1 || true
   fi
 }
 

@@ -92,6 +92,11 @@ def deploy(c: Context, inventory: str = "", check: bool = False, tags: str = "",
     cmd += ["--check", "--diff"] if check else []
     cmd += ["--tags", tags] if tags else []
     cmd += ["--skip-tags", skip_tags] if skip_tags else []
+    inv = Path(inventory or default_inventory()).resolve()
+    if inv == ROOT / "inventory" / "local" or inv.parent == ROOT / "inventory" / "test":
+        # the sim inventories fetch their model from the controller's mirror (nginx; a no-op when it serves)
+        from pdstack.testing import mirror
+        print(f"model mirror: {mirror.ensure()} (nginx, left running; pdstack/testing/mirror.py)")
     with c.cd(str(ROOT)):
         r = c.run(shlex.join(cmd) + (f" {extra}" if extra else ""), echo=True, warn=True, pty=sys.stdout.isatty(),
                   env=_env())

@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("pdstack.controller.gates.status",
                "read-only health of a deployment: units, images, router, front door, watchdog, smoke, alerts"),
     "watchdog": ("pdstack.hostside.watchdog", "probe on a timer; restart a wedged decode, then prefill, with backoff"),
+    "model": ("pdstack.controller.load.modellock",
+              "the model lock (every file's path, size, sha256) of a model directory or a Hugging Face repo"),
     "sim": ("pdstack.testing.sim.cli", "TEST ENGINE: an SGLang-compatible PD worker simulator (never for production)"),
 }
 

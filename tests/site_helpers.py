@@ -29,6 +29,8 @@ def engine_or_skip() -> None:
 
 
 def playbook(inventory: Path | str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    from pdstack.testing import mirror
+    mirror.ensure()  # the sim inventories' model phase fetches from it (a no-op while nginx serves)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
            "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"}
     return subprocess.run([str(BIN / "ansible-playbook"), "site.yml", "-i", str(inventory), *args], cwd=ROOT,

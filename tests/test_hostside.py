@@ -22,7 +22,8 @@ SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
 ALLOWED = {
     "hostside": {"pdstack/__init__.py", "pdstack/hostside/__init__.py", "pdstack/hostside/facts.py",
                  "pdstack/hostside/probe.py", "pdstack/hostside/watchdog.py", "pdstack/hostside/restart_unit.py",
-                 "pdstack/hostside/drain.py", "pdstack/hostside/status_collect.py"},
+                 "pdstack/hostside/drain.py", "pdstack/hostside/status_collect.py", "pdstack/hostside/model_fetch.py",
+                 "pdstack/hostside/model_store.py", "pdstack/hostside/model_source.py"},
     "image": {"pdstack/__init__.py", "pdstack/errors.py", "pdstack/image/__init__.py", "pdstack/image/patches.py"},
 }
 
@@ -81,6 +82,10 @@ def test_every_hostside_module_is_installed_by_its_role():
     from pdstack.controller.gates import status
     assert status.COLLECTOR == ROOT / "pdstack" / "hostside" / "status_collect.py"
     assert json.loads(status.ansible_command("inventory/local")[-1])["cmd"].startswith(str(status.COLLECTOR) + " ")
+    # roles/model installs the fetcher and its two siblings (the package tree, as the watchdog's)
+    model = (ROOT / "roles" / "model" / "tasks" / "main.yml").read_text()
+    for mod in ("model_fetch", "model_store", "model_source"):
+        assert f"hostside/{mod}.py" in model, mod
     hostside = {"__init__.py", "facts.py", "probe.py", "watchdog.py", "restart_unit.py", "drain.py",
-                "status_collect.py"}
+                "status_collect.py", "model_fetch.py", "model_store.py", "model_source.py"}
     assert {p.name for p in (ROOT / "pdstack" / "hostside").glob("*.py")} == hostside, sys.version

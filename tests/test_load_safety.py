@@ -100,8 +100,8 @@ def test_the_shipped_inventories_load_unchanged():
         assert dep.hosts and dep.locations, name
         where = dep.locations["pdstack_router"] if "pdstack_router" in dep.locations else None
         assert where is None or where.startswith("group_vars/all/router.yml:")
-    tok = inventory.load(ROOT / "inventory" / "local").smoke["tokenizer"]  # the allowed template, resolved
-    assert tok == str(ROOT / "pdstack" / "testing" / "sim" / "tokenizer")
+    lock = inventory.load(ROOT / "inventory" / "local").model["source"]["lock"]  # the allowed template, resolved
+    assert lock == str(ROOT / "inventory" / "locks" / "pdstack-sim.json")
 
 
 # --------------------------------------------------------------------- class 3: YAML that Ansible reads unsafely

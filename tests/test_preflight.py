@@ -804,10 +804,18 @@ def test_facts_script_reads_the_models_context_length_as_sglang_does(tmp_path: P
     (tmp_path / "config.json").write_text(json.dumps({
         "text_config": {"max_position_embeddings": 4096, "rope_scaling": {"factor": 4, "type": "yarn"},
                         "num_attention_heads": 64, "num_key_value_heads": 8}}))
+    (tmp_path / ".pdstack-staging" / "shards").mkdir(parents=True)
+    (tmp_path / ".pdstack-staging" / "shards" / "a.safetensors.part").write_bytes(b"x" * 7)
     m = facts_script.model_facts(str(tmp_path))
+    disk = m.pop("disk")
     assert m == {"path": str(tmp_path), "context_length": 16384, "context_key": "max_position_embeddings",
-                 "num_attention_heads": 64, "num_key_value_heads": 8}
-    assert "error" in facts_script.model_facts(str(tmp_path / "nope"))
+                 "num_attention_heads": 64, "num_key_value_heads": 8,
+                 # the model phase's room check: the files there, and what a broken transfer left in staging
+                 "files": {"config.json": (tmp_path / "config.json").stat().st_size},
+                 "partial": {"shards/a.safetensors": 7}}
+    assert disk["path"] == str(tmp_path) and disk["free_bytes"] > 0
+    gone = facts_script.model_facts(str(tmp_path / "nope" / "deeper"))
+    assert "error" in gone and gone["disk"]["path"] == str(tmp_path)  # the nearest directory that exists
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "config.json").write_text("{")
     assert "not JSON" in facts_script.model_facts(str(tmp_path / "bad"))["error"]

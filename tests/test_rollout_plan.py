@@ -15,6 +15,7 @@ import pytest
 from pdstack.controller import pipeline
 from pdstack.controller.load import inventory
 from pdstack.controller.plan import planner
+from pdstack.controller.plan import text as plan_text
 from pdstack.controller.render import frontdoor
 from pdstack.hostside import probe
 from pdstack.hostside.facts import collect
@@ -47,7 +48,7 @@ def test_two_decodes_drain_through_the_router_and_the_only_prefill_through_the_f
                                                "decode_url": "http://pdstack-roll-1:30002"}
     assert by["prefill-0"].rollout["probe"]["decode_url"] == "http://pdstack-roll-1:30001"
     assert plan.rollout == {"drain_timeout_secs": 30, "probe_timeout_secs": 30}  # inventory/test/common
-    text = planner.render_text(plan)
+    text = plan_text.render_text(plan)
     assert "taken out of the router while it drains (peers: decode-1)" in text
     assert "the front door answers 503 + Retry-After while it drains (the only prefill)" in text
 

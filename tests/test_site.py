@@ -16,6 +16,7 @@ Slow (boots hosts, installs Docker in them): CI runs it.
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
 import os
 import re
@@ -180,6 +181,24 @@ def test_units_run_exactly_the_plan(one_host):
     r = sh("pdstack-test-1", "/usr/local/lib/pdstack/verify-unit", "/etc/systemd/system/pdstack-router.service",
            "pdstack-router.service")
     assert r.returncode == 0, r.stderr
+
+
+def test_the_model_is_the_lock_and_the_smoke_gate_counted_with_its_tokenizer(one_host):
+    """The model phase put every file of the lock on the host before the servers started, and the smoke gate built
+    its prompts with the controller's copy of the lock's tokenizer (inventory/test sets no pdstack_smoke.tokenizer)."""
+    first, _ = one_host
+    lock = json.loads((ROOT / "inventory" / "locks" / "pdstack-sim.json").read_text())
+    out = first.stdout
+    assert out.index("TASK [model : Model | in place]") < out.index("TASK [serving : Serving | enable and start")
+    for f in lock["files"]:
+        assert sh("pdstack-test-1", "sha256sum", f"/models/pdstack-sim/{f['path']}").stdout.split()[0] == f["sha256"]
+    tok = ROOT / "build" / "state" / "one-host" / "tokenizer"
+    names = [f for f in lock["files"] if f["path"].startswith("tokenizer")]
+    assert len(names) == 2
+    for f in names:
+        assert hashlib.sha256((tok / f["path"]).read_bytes()).hexdigest() == f["sha256"], f["path"]
+    recall = json.loads((ROOT / "build" / "smoke" / "one-host" / "latest" / "recall.json").read_text())
+    assert recall["tokenizer"] == str(tok / "tokenizer.json"), recall["tokenizer"]
 
 
 def test_prometheus_on_the_monitoring_host_scrapes_every_target(one_host, hosts):

@@ -241,3 +241,28 @@ def test_restart_of_the_only_prefill_refuses_new_requests_with_503_and_loses_non
           f"on to off), 2 long streams in flight finished ({max(x['seconds'] for x in long_streams):.1f} s)")
     code, body = completion(two_decode)
     assert code == 200, body
+
+
+def test_a_repaired_model_restarts_the_servers_through_the_rolling_restart(two_decode):
+    """A shard corrupted on the host (size and mtime kept): the full verify repairs it, and since the running servers
+    loaded the old bytes, the serving phase gives each of them the rolling restart (new containers); a quick run
+    before it sees nothing and restarts nothing."""
+    host = "pdstack-roll-1"
+    shard = "/models/pdstack-sim/model-00002-of-00003.safetensors"
+    ids = {n: container_id(host, f"pdstack-{n}") for n in ("prefill-0", "decode-0", "decode-1")}
+    code = (f"import os; p={shard!r}; st=os.stat(p); os.chmod(p, 0o644); f=open(p, 'r+b'); f.seek(777); "
+            "b=f.read(1); f.seek(777); f.write(bytes([b[0] ^ 1])); f.close(); os.chmod(p, 0o444); "
+            "os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))")
+    assert sh(host, "python3", "-c", code).returncode == 0
+    quick = playbook(TWO, "--tags", "model,serving")
+    assert quick.returncode == 0, quick.stdout[-4000:]
+    assert all(x["changed"] == 0 for x in recap(quick.stdout).values()), changed_tasks(quick.stdout)
+    assert {n: container_id(host, f"pdstack-{n}") for n in ids} == ids
+    full = playbook(TWO, "--tags", "model,serving", "-e", "pdstack_model_verify=full")
+    assert full.returncode == 0, full.stdout[-6000:]
+    assert "repaired model-00002-of-00003.safetensors" in full.stdout, full.stdout[-4000:]
+    after = {n: container_id(host, f"pdstack-{n}") for n in ids}
+    assert all(after[n] != ids[n] for n in ids), (ids, after)
+    # each through the rolling restart (drained first), not a bare restart
+    for n in ids:
+        assert f"TASK [serving : Serving | drain, restart, probe and put back {n}]" in full.stdout, n

@@ -12,7 +12,6 @@ from pdstack import cli
 from pdstack.controller.gates import smoke, smoke_settings
 from pdstack.controller.load import inventory
 from pdstack.errors import InventoryError
-from pdstack.testing.sim import vocab
 
 
 @pytest.mark.parametrize("inv", ["inventory/production", "inventory/local", "inventory/test/one-host",
@@ -22,9 +21,11 @@ def test_every_inventory_sets_a_smoke_gate(inv):
     s = smoke_settings.from_deployment(dep)
     assert s["min_horizon"] > 0 and s["baseline"] and 0 < s["tolerance"] < 1
     assert s["min_horizon"] in s["lengths"]  # the gate is a grid point, so "within one grid step" holds
-    # a tokenizer is named: the model's in production, the sim test engine's where the inventory deploys the sim
+    # a tokenizer is named: the model's in production; where the inventory deploys the sim, the model phase's
+    # copy of the lock's tokenizer files (which are the sim's own: tests/test_model_lock.py)
     assert s["tokenizer"] == ("/srv/models/DeepSeek-V4-Flash-NVFP4" if inv == "inventory/production"
-                              else str(vocab.TOKENIZER_DIR)), s["tokenizer"]
+                              else str(smoke_settings.ROOT / "build" / "state" / inv.rsplit("/", 1)[1] / "tokenizer")
+                              ), s["tokenizer"]
     assert max(s["bench_concurrency"]) <= max(dep.router["admission"]["max_concurrent_requests"], 8)
 
 

@@ -22,6 +22,7 @@ from pdstack.controller.load import flags, inventory
 from pdstack.controller.load.facts import load_facts
 from pdstack.controller.load.inventory import Deployment
 from pdstack.controller.plan import planner
+from pdstack.controller.plan import text as plan_text
 from pdstack.controller.plan.planner import Plan
 from pdstack.controller.render import artifacts, readback
 from pdstack.errors import InventoryError
@@ -91,7 +92,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(plan.to_json() + "\n")
-    print(plan.to_json() if args.json else planner.render_text(plan))
+    print(plan.to_json() if args.json else plan_text.render_text(plan))
     for w in plan.warnings:
         print(f"warning: {w}", file=sys.stderr)
     return 0

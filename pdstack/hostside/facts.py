@@ -11,7 +11,10 @@ same JSON. `pdstack facts` runs it on the controller. Schema (version 1):
    "gpu_source": "nvidia-smi" | "simulated" | "none",
    "infiniband": [str],                       # /sys/class/infiniband (empty: no RDMA device or driver)
    "model": {"path": str, "context_length": int, "context_key": str, "num_attention_heads": int,
-             "num_key_value_heads": int} | {"path": str, "error": str}}   # with --model-path only
+             "num_key_value_heads": int} | {"path": str, "error": str},   # with --model-path only
+             # and, for the model phase's room check: "disk": {"path": nearest existing dir, "free_bytes": int},
+             # "files": {relative path: size} (hidden entries skipped), "partial": {path: bytes in staging}
+             }
 
 The model entry reads <path>/config.json the way SGLang 0.5.23 derives a context length (the first of its
 CONTEXT_LENGTH_KEYS, times the rope scaling factor; text_config for multimodal configs), so preflight can check
@@ -32,6 +35,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 
@@ -122,9 +126,50 @@ CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "mode
                        "max_position_embeddings")
 
 
+STAGING = ".pdstack-staging"  # pdstack/hostside/model_fetch.py's partial transfers, inside the model directory
+
+
+def _sizes(root: str, skip_hidden: bool) -> dict[str, int]:
+    """Relative path -> size of every regular file under root (hidden entries skipped when asked)."""
+    out: dict[str, int] = {}
+    for d, dirs, names in os.walk(root):
+        if skip_hidden:
+            dirs[:] = [x for x in dirs if not x.startswith(".")]
+        for name in names:
+            if skip_hidden and name.startswith("."):
+                continue
+            full = os.path.join(d, name)
+            try:
+                st = os.lstat(full)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                out[os.path.relpath(full, root).replace(os.sep, "/")] = st.st_size
+    return out
+
+
+def model_disk(path: str) -> dict:
+    """Room for the model: free bytes of the filesystem that holds (or will hold) `path`, the sizes of the files
+    already there, and of partial transfers in its staging directory (preflight subtracts both from the lock)."""
+    probe = path
+    while not os.path.isdir(probe) and probe not in ("", "/"):
+        probe = os.path.dirname(probe)
+    probe = probe or "/"
+    out: dict = {"disk": {"path": probe, "free_bytes": shutil.disk_usage(probe).free}}
+    if os.path.isdir(path):
+        out["files"] = _sizes(path, skip_hidden=True)
+        staging = os.path.join(path, STAGING)
+        out["partial"] = {k[:-len(".part")]: v for k, v in _sizes(staging, False).items() if k.endswith(".part")}
+    return out
+
+
 def model_facts(path: str) -> dict:
-    """What preflight checks against the model, from its config.json on this host."""
+    """What preflight checks against the model, from its config.json on this host, and the room for it."""
     out: dict = {"path": path}
+    try:
+        out.update(model_disk(path))
+    except OSError as e:
+        out["disk_error"] = f"cannot measure {path}: {e.strerror or e}"
     try:
         cfg = json.loads(_read(os.path.join(path, "config.json")))
     except OSError as e:

@@ -15,6 +15,7 @@ checks run too (GPU count, NUMA nodes, HiCache budget per node). Exit 0 when cle
 
 from __future__ import annotations
 
+from pdstack.controller.check import model as _model
 from pdstack.controller.check.extra_args import _dests, owned_env  # noqa: F401 (re-exported)
 from pdstack.controller.check.network import _address_problems, _port_problems, listeners, scraped_port  # noqa: F401
 from pdstack.controller.check.production import production_facts_problems, production_problems
@@ -45,6 +46,7 @@ def static_problems(dep: Deployment, deploy: bool = True) -> list[str]:
     _port_problems(dep, p)
     _address_problems(dep, p, deploy)
     _smoke_problems(dep, p)
+    _model.static_problems(dep, p)
     p.extend(production_problems(dep, deploy))
     return p
 
@@ -52,4 +54,6 @@ def static_problems(dep: Deployment, deploy: bool = True) -> list[str]:
 def topology_problems(dep: Deployment, facts: dict[str, dict]) -> list[str]:
     """Every check against the hosts' facts: each host's own (topology.py, budgets.py), then production's
     cross-host rules (production.py)."""
-    return _host_topology_problems(dep, facts) + production_facts_problems(dep, facts)
+    p = _host_topology_problems(dep, facts) + production_facts_problems(dep, facts)
+    _model.facts_problems(dep, facts, p)
+    return p

@@ -67,6 +67,8 @@ def _smoke_problems(dep: Deployment, p: list[str]) -> None:
     if sm["min_horizon"] > max(lengths):
         p.append(f"pdstack_smoke.min_horizon: {sm['min_horizon']} is beyond the longest recall length "
                  f"{max(lengths)}, so the gate can never pass; lower it or add a longer length to grid.lengths")
-    if not sm.get("tokenizer"):
+    if not sm.get("tokenizer") and dep.model_lock is None:  # with a lock, the model phase copies its tokenizer
         p.append("pdstack_smoke.tokenizer: unset, and the smoke gate builds its prompts with the model's tokenizer; "
-                 "set it to the model's tokenizer directory on the controller (or pdstack_smoke.enabled: false)")
+                 "set it to the model's tokenizer directory on the controller, give the model a source and a lock "
+                 "(pdstack_model.source: the model phase copies the lock's tokenizer to the controller), or set "
+                 "pdstack_smoke.enabled: false")

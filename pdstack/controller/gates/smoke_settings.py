@@ -4,15 +4,17 @@ One source of defaults: the inventory schema (inventory.SMOKE). `DEFAULTS` are t
 no `pdstack_smoke` at all; the three CLIs take their argparse defaults from it, and `pdstack smoke -i` from the
 inventory (`--vars`: from the variables Ansible resolved, extra vars included), which `pdstack smoke` loads once.
 
-No default tokenizer: prompts are built to exact token counts with the model's own, so the tools ask for one
-(`--tokenizer`, `pdstack_smoke.tokenizer`). Controller code does not reach into the test engine (pdstack/testing/):
-the inventories that deploy the sim (inventory/local, inventory/test) and the tests name its tokenizer directory.
+No built-in tokenizer: prompts are built to exact token counts with the model's own, so the tools ask for one
+(`--tokenizer`, `pdstack_smoke.tokenizer`, or with -i the model phase's copy of the lock's tokenizer files).
+Controller code does not reach into the test engine (pdstack/testing/): the inventories that deploy the sim
+(inventory/local, inventory/test) and the tests name its tokenizer directory.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pdstack.controller.load import inventory
@@ -21,6 +23,7 @@ from pdstack.errors import InventoryError
 NO_TOKENIZER = ("no tokenizer: give --tokenizer DIR (pdstack_smoke.tokenizer with -i), the model's tokenizer "
                 "directory on the controller; prompts are built to exact token counts with it (for the sim test "
                 "engine: pdstack/testing/sim/tokenizer)")
+ROOT = Path(__file__).resolve().parents[3]  # the checkout: build/ lives here
 # recall requests in flight when the router's admission control is off (max_concurrent_requests -1)
 CONCURRENCY_WITHOUT_ADMISSION = 4
 
@@ -50,9 +53,19 @@ def _schema_defaults(schema) -> dict[str, Any]:
 DEFAULTS = settings(_schema_defaults(inventory.SMOKE), _schema_defaults(inventory.ADMISSION))
 
 
+def model_tokenizer_dir(dep: inventory.Deployment) -> Path:
+    """Where the model phase keeps the controller's copy of the lock's tokenizer files (roles/model,
+    tasks_from: tokenizer): build/state/<inventory>/tokenizer, the preflight role's state directory."""
+    return ROOT / "build" / "state" / Path(dep.source).name / "tokenizer"
+
+
 def from_deployment(dep: inventory.Deployment) -> dict[str, Any]:
-    """The settings of a loaded inventory (inventory.load: its files, or the preflight role's resolved variables)."""
-    return settings(dep.smoke, dep.router["admission"])
+    """The settings of a loaded inventory (inventory.load: its files, or the preflight role's resolved variables).
+    Without pdstack_smoke.tokenizer, an inventory whose model phase fetches a lock uses that phase's tokenizer copy."""
+    out = settings(dep.smoke, dep.router["admission"])
+    if not out["tokenizer"] and dep.model_lock is not None:
+        out["tokenizer"] = str(model_tokenizer_dir(dep))
+    return out
 
 
 

@@ -62,6 +62,8 @@ class Deployment:
     smoke: dict[str, Any] = field(default_factory=dict)
     rollout: dict[str, Any] = field(default_factory=dict)
     locations: dict[str, str] = field(default_factory=dict)  # variable path -> "file:line" (see located())
+    # pdstack_model.source.lock as read (modellock.py), with its `file` and `digest`; None without a source
+    model_lock: dict[str, Any] | None = None
 
     def servers(self) -> list[tuple[Host, dict[str, Any]]]:
         return [(h, s) for h in self.hosts.values() for s in h.servers]
@@ -241,9 +243,11 @@ def _build(hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]], so
         problems.append("group 'monitoring': empty; put the host that runs Prometheus/Grafana under the "
                         "monitoring group in hosts.yml")
 
+    model_lock = _model_lock(top["pdstack_model"], source, problems)
     if problems:
         raise InventoryError(problems)
     return Deployment(
+        model_lock=model_lock,
         source=source,
         environment=top["pdstack_environment"],
         model=top["pdstack_model"],
@@ -257,6 +261,27 @@ def _build(hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]], so
         rollout=top["pdstack_rollout"],
         locations=locations,
     )
+
+
+def _model_lock(model: Any, source: str, problems: list[str]) -> dict[str, Any] | None:
+    """The lock pdstack_model.source.lock names (relative to the inventory directory), read and shape-checked."""
+    from pdstack.controller.load import modellock
+
+    src = model.get("source") if isinstance(model, dict) else None
+    if not isinstance(src, dict) or not isinstance(src.get("lock"), str) or not src["lock"]:
+        return None
+    path = Path(src["lock"]) if src["lock"].startswith("/") else Path(source) / src["lock"]
+    inv = Path(source).resolve()
+    if inv.is_dir() and path.resolve().is_relative_to(inv):
+        problems.append(f"pdstack_model.source.lock: {src['lock']} is inside the inventory directory {source}, where "
+                        "Ansible reads every file as inventory (or variables); keep locks beside it, e.g. "
+                        "inventory/locks/<model>.json, and give the path relative to the inventory")
+        return None
+    lock, found = modellock.read(path)
+    problems.extend(found)
+    if lock is None:
+        return None
+    return {**lock, "file": str(path), "digest": modellock.digest(lock), "bytes": modellock.total_bytes(lock)}
 
 
 def load(source: str | os.PathLike, resolved: str | os.PathLike | None = None) -> Deployment:

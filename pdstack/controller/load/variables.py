@@ -114,6 +114,84 @@ def _number_for_flag(action: Any, item: Any) -> str | None:
     return None
 
 
+def _source_url(v: str) -> str | None:
+    """An http(s) base URL: a host, no credentials (the hub's token comes from Vault, never from the URL), no query;
+    it lands in the model role's argv and the fetcher builds each file's URL from it."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(v)
+    except ValueError as e:
+        return f"{v!r} is not a URL ({e})"
+    if u.scheme not in ("http", "https") or not u.hostname:
+        return f"{v!r} is not an http(s) URL with a host, e.g. http://mirror.example:8080/models/name"
+    if u.username or u.password:
+        return (f"{v!r} carries credentials; remove them (a hub token goes in Vault: "
+                "pdstack_model.source.token_var)")
+    if u.query or u.fragment or any(c.isspace() or ord(c) < 32 for c in v):
+        return f"{v!r} has a query, fragment, whitespace or control characters; give the plain base URL"
+    return None
+
+
+def _rsync_source(v: str) -> str | None:
+    if not v or any(c.isspace() or ord(c) < 32 for c in v) or v.startswith("-"):
+        return (f"{v!r} is not an rsync source: HOST:/DIR, rsync://HOST/MODULE/DIR or /DIR, without whitespace or "
+                "a leading '-'")
+    return None
+
+
+def _hf_repo(v: str) -> str | None:
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*", v) or ".." in v:
+        return f"{v!r} is not a Hugging Face repo id; write OWNER/NAME, e.g. nvidia/DeepSeek-V4-Flash-NVFP4"
+    return None
+
+
+def _revision(v: str) -> str | None:
+    import re
+
+    if not re.fullmatch(r"[0-9a-f]{40}", v):
+        return (f"{v!r} is not a pinned commit: give the 40-hex commit id the lock was made from (a branch or tag "
+                "such as 'main' moves, so the weights would change under the lock); the hub lists it under "
+                "'History', or `pdstack model lock --hf REPO --revision main` prints the commit it resolved")
+    return None
+
+
+def _var_name(v: str) -> str | None:
+    import re
+
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+        return f"{v!r} is not an Ansible variable name"
+    if v.startswith("pdstack_"):
+        return (f"{v!r} starts with pdstack_, and preflight writes every pdstack_* variable to the controller's "
+                "build/state/<inventory>/inventory.json: a token there would sit in clear text; name it e.g. "
+                "hf_token (in Vault)")
+    return None
+
+
+SOURCE = Schema("source", {
+    "type": Field((str,), "where the model comes from: hf (a Hugging Face repo at a pinned commit), http (a mirror's "
+                  "base URL), rsync (a NAS or a peer host), path (already on the host: verify only)",
+                  choices=("hf", "http", "rsync", "path")),
+    "lock": Field((str,), "the lock file (`pdstack model lock`): every file's path, size and sha256; relative to the "
+                  "inventory directory. The served model is exactly the lock"),
+    "url": Field((str,), "http: the mirror's base URL (a file's URL is URL/<path in the lock>)", default=None,
+                 check=_source_url),
+    "rsync": Field((str,), "rsync: the source directory, HOST:/DIR or rsync://HOST/MODULE/DIR (the host's own "
+                   "ssh/rsync credentials)", default=None, check=_rsync_source),
+    "repo": Field((str,), "hf: the repo id, e.g. nvidia/DeepSeek-V4-Flash-NVFP4", default=None, check=_hf_repo),
+    "revision": Field((str,), "hf: the pinned commit (40 hex); branches and tags are refused", default=None,
+                      check=_revision),
+    "endpoint": Field((str,), "hf: the hub or a mirror of it (HF_ENDPOINT)", default="https://huggingface.co",
+                      check=_source_url),
+    "token_var": Field((str,), "hf: the Ansible variable (from Vault) holding the hub token; the variable unset or "
+                       "empty: no token", default="hf_token", check=_var_name),
+    "jobs": Field((int,), "files fetched at once", default=4, check=_positive),
+    "free_margin_gb": Field((int, float), "GB that must stay free on the model's filesystem after the fetch "
+                            "(preflight refuses a host with less)", default=2, check=_non_negative),
+})
+
 MODEL = Schema("pdstack_model", {
     "path": Field((str,), "model directory on the host, mounted read-only into the server",
                   check=rules.host_path_problem),
@@ -133,6 +211,9 @@ MODEL = Schema("pdstack_model", {
     "reasoning_parser": Field((str,), "--reasoning-parser (puts the model's thinking into reasoning_content); unset: "
                               "the family's (deepseek_v4: deepseek-v4), 'off': none, else one of SGLang 0.5.23's "
                               "choices", default=None, check=_parser("--reasoning-parser")),
+    "source": Field((dict,), "where the model phase fetches the model from and the lock it verifies against; "
+                    "unset: the model is not managed (the serving phase only checks config.json)", default=None,
+                    schema=SOURCE),
 })
 
 IMAGE = Schema("pdstack_image", {
@@ -361,6 +442,9 @@ TOP_LEVEL = {
     "pdstack_smoke": Field((dict,), "the smoke checks after a deploy", default=dict, schema=SMOKE),
     "pdstack_rollout": Field((dict,), "rolling restarts of the servers: drain and probe bounds", default=dict,
                              schema=ROLLOUT),
+    "pdstack_model_verify": Field((str,), "the model phase's check of the files in place: quick (sizes and mtimes "
+                                  "against its verification record; nothing re-read) or full (every file hashed "
+                                  "again, what differs fetched again)", default="quick", choices=("quick", "full")),
 }
 HOST_LEVEL = {
     "pdstack_servers": Field((list,), "prefill/decode servers on this host", default=list, item_schema=SERVER),

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from pdstack.controller.check import preflight
 from pdstack.controller.load import flags, inventory, rules, variables
 from pdstack.controller.load.inventory import Deployment
+from pdstack.controller.plan import model as model_plan
 from pdstack.errors import InventoryError
 from pdstack.switches import (  # read by our SGLang patch series (kernels/patches) and SGLang
     BF16_INDEX_K_ENV,
@@ -411,7 +412,8 @@ def build_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fa
     img = resolve_image(dep.image, dep.warnings, require=require_image)
     return Plan(inventory=dep.source, environment=dep.environment, engine=dep.image["engine"], image=img.ref,
                 image_id=img.image_id, image_tarball=img.tarball, image_pull=img.pull, image_labels=img.labels,
-                model=dep.model, servers=servers, router=router,
+                model={**dep.model, "lock": dep.model_lock, "fetch": model_plan.fetch_plan(dep),
+                       "needs": model_plan.host_needs(dep, facts)}, servers=servers, router=router,
                 monitoring_hosts=dep.monitoring_hosts, warnings=dep.warnings,
                 monitoring={"hosts": list(dep.monitoring_hosts),
                             "grafana": {"datasource_uid": DATASOURCE_UID, "folder": FOLDER},
@@ -424,40 +426,3 @@ def exporter_ports(dep: Deployment) -> dict[str, int]:
     """The ports Prometheus scrapes the exporters on (every host: node_exporter; GPU hosts: dcgm-exporter): the
     inventory's node_exporter_port / dcgm_exporter_port, else their roles' defaults (the one source)."""
     return {k: preflight.scraped_port(dep, k) for k in ("node_exporter_port", "dcgm_exporter_port")}
-
-
-def render_text(plan: Plan) -> str:
-    """The plan for people."""
-    out = [f"pdstack plan: {plan.inventory} ({plan.environment}, engine {plan.engine}"
-           + (", TEST ENGINE" if plan.engine == "sim" else "") + ")",
-           f"  image  {plan.image}" + (f" (pulled by digest: {plan.image_pull})" if plan.image_pull else ""),
-           f"  model  {plan.model['served_name']} from {plan.model['path']} (context {plan.model['context_length']}, "
-           f"index keys {plan.model['index_k_dtype']})", ""]
-    for s in plan.servers:
-        out += [f"{s.role} {s.name} on {s.host} ({s.url})",
-                f"  GPUs {','.join(map(str, s.gpus))}  TP {s.tp_size}  NUMA node {s.numa_node} ({s.numa_source})  "
-                f"cpuset-cpus {s.cpuset_cpus}  cpuset-mems {s.cpuset_mems}"]
-        if s.hicache.enabled:
-            out += ["  HiCache:"] + [f"   {line}" for line in s.hicache.arithmetic]
-        else:
-            out += ["  HiCache: off"]
-        ro = s.rollout
-        how = (f"taken out of the router while it drains (peers: {', '.join(ro['peers'])})" if ro["drain"] == "router"
-               else f"the front door answers 503 + Retry-After while it drains (the only {s.role})")
-        out += [f"  restart: {how}",
-                f"  env  {' '.join(f'{k}={v}' for k, v in s.env.items()) or '-'}",
-                f"  argv {' '.join(s.argv)}", ""]
-    r = plan.router
-    fd = r.frontdoor
-    adm = (f"at most {fd['max_concurrent_requests']} in flight, {fd['queue_size']} waiting up to "
-           f"{fd['queue_timeout_secs']} s (then 503), beyond: 429" if fd["max_concurrent_requests"] > 0
-           else "admission off")
-    out += [f"front door (HAProxy) on {r.host} ({r.url}, metrics {fd['metrics_url']}): {adm}; Retry-After "
-            f"{fd['retry_after_secs']} s",
-            f"router on {r.host} ({r.internal_url} behind the front door, metrics {r.metrics_url}; stop: drain "
-            f"{r.stop_timeout_secs - 10} s)", f"  argv {' '.join(r.argv)}", ""]
-    out += [f"rollouts: one server at a time, drain <= {plan.rollout['drain_timeout_secs']} s, probe <= "
-            f"{plan.rollout['probe_timeout_secs']} s", ""]
-    out += [f"monitoring on {', '.join(plan.monitoring_hosts)}"]
-    out += [f"warning: {w}" for w in plan.warnings]
-    return "\n".join(out)

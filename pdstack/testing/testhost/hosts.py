@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pdstack.testing import mirror
 from pdstack.testing.testhost.baseimage import ensure_base_image
 from pdstack.testing.testhost.common import DEFAULT_PREFIX, LABEL, TesthostError, client, echo
 
@@ -24,6 +25,9 @@ HOST_RUN_KWARGS: dict[str, Any] = {
 }
 
 
+def _gateway(net) -> str:
+    net.reload()
+    return net.attrs["IPAM"]["Config"][0]["Gateway"]
 
 
 def _labels(prefix: str) -> dict[str, str]:
@@ -179,6 +183,10 @@ def up(count: int = 1, prefix: str = DEFAULT_PREFIX) -> list[str]:
                 hostname=name,
                 labels=_labels(prefix),
                 network=net.name,
+                # the controller as the hosts reach it, their network's gateway (Docker's "host-gateway" is the
+                # default bridge's 172.17.0.1, which the Docker inside a host takes for its own bridge): the model
+                # mirror the sim inventories fetch from listens there (pdstack/testing/mirror.py)
+                extra_hosts={mirror.HOST_NAME: _gateway(net)},
                 volumes={
                     "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
                     vol: {"bind": "/var/lib/docker", "mode": "rw"},

@@ -1,0 +1,49 @@
+"""The plan for people: what `pdstack plan` prints (without --json); the JSON plan is the contract, this its view."""
+
+from __future__ import annotations
+
+from pdstack.controller.plan.planner import Plan
+
+
+def render_text(plan: Plan) -> str:
+    """The plan for people."""
+    out = [f"pdstack plan: {plan.inventory} ({plan.environment}, engine {plan.engine}"
+           + (", TEST ENGINE" if plan.engine == "sim" else "") + ")",
+           f"  image  {plan.image}" + (f" (pulled by digest: {plan.image_pull})" if plan.image_pull else ""),
+           f"  model  {plan.model['served_name']} from {plan.model['path']} (context {plan.model['context_length']}, "
+           f"index keys {plan.model['index_k_dtype']})"]
+    lock, src = plan.model.get("lock"), plan.model.get("source")
+    if lock and src:
+        frm = {"hf": f"{src.get('repo')}@{src.get('revision')} ({src.get('endpoint')})", "http": src.get("url"),
+               "rsync": src.get("rsync"), "path": "already on the host (verify only)"}[src["type"]]
+        out.append(f"         {src['type']} source {frm}; lock {lock['file']}: {len(lock['files'])} files, "
+                   f"{lock['bytes'] / 1e9:.2f} GB, digest {lock['digest'][:12]}")
+    out.append("")
+    for s in plan.servers:
+        out += [f"{s.role} {s.name} on {s.host} ({s.url})",
+                f"  GPUs {','.join(map(str, s.gpus))}  TP {s.tp_size}  NUMA node {s.numa_node} ({s.numa_source})  "
+                f"cpuset-cpus {s.cpuset_cpus}  cpuset-mems {s.cpuset_mems}"]
+        if s.hicache.enabled:
+            out += ["  HiCache:"] + [f"   {line}" for line in s.hicache.arithmetic]
+        else:
+            out += ["  HiCache: off"]
+        ro = s.rollout
+        how = (f"taken out of the router while it drains (peers: {', '.join(ro['peers'])})" if ro["drain"] == "router"
+               else f"the front door answers 503 + Retry-After while it drains (the only {s.role})")
+        out += [f"  restart: {how}",
+                f"  env  {' '.join(f'{k}={v}' for k, v in s.env.items()) or '-'}",
+                f"  argv {' '.join(s.argv)}", ""]
+    r = plan.router
+    fd = r.frontdoor
+    adm = (f"at most {fd['max_concurrent_requests']} in flight, {fd['queue_size']} waiting up to "
+           f"{fd['queue_timeout_secs']} s (then 503), beyond: 429" if fd["max_concurrent_requests"] > 0
+           else "admission off")
+    out += [f"front door (HAProxy) on {r.host} ({r.url}, metrics {fd['metrics_url']}): {adm}; Retry-After "
+            f"{fd['retry_after_secs']} s",
+            f"router on {r.host} ({r.internal_url} behind the front door, metrics {r.metrics_url}; stop: drain "
+            f"{r.stop_timeout_secs - 10} s)", f"  argv {' '.join(r.argv)}", ""]
+    out += [f"rollouts: one server at a time, drain <= {plan.rollout['drain_timeout_secs']} s, probe <= "
+            f"{plan.rollout['probe_timeout_secs']} s", ""]
+    out += [f"monitoring on {', '.join(plan.monitoring_hosts)}"]
+    out += [f"warning: {w}" for w in plan.warnings]
+    return "\n".join(out)
