@@ -98,6 +98,10 @@ def await_watchdog_restart(host: str, before: str | None, watchdog_host: str) ->
 def broken_copy(tmp_path: Path, layout: str, edit) -> Path:
     inv = tmp_path / layout
     shutil.copytree(ROOT / "inventory" / "test" / layout, inv, symlinks=False)
+    model = inv / "group_vars" / "all" / "model.yml"  # its lock path is relative to inventory/test/<layout>
+    m = yaml.safe_load(model.read_text())
+    m["pdstack_model"]["source"]["lock"] = str(ROOT / "inventory" / "locks" / "pdstack-sim.json")
+    model.write_text(yaml.safe_dump(m, sort_keys=False))
     f = inv / "host_vars" / "pdstack-test-1" / "servers.yml"
     data = yaml.safe_load(f.read_text())
     edit(data["pdstack_servers"])

@@ -59,6 +59,15 @@ def _answers() -> bool:
         return False
 
 
+def _ours(state: Path) -> bool:
+    """Whether the nginx this checkout started (its pid file) still runs."""
+    try:
+        os.kill(int((state / "nginx.pid").read_text().strip()), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def ensure() -> str:
     """Write the mirror's files and make sure nginx serves them; returns the URL from the controller itself."""
     state = MIRROR / "nginx"
@@ -67,7 +76,11 @@ def ensure() -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)
         modeldir.write(MIRROR / "www" / modeldir.NAME)
         if _answers():
-            return url("127.0.0.1")
+            if _ours(state):
+                return url("127.0.0.1")
+            raise MirrorError(f"port {PORT} already serves a model mirror, but not this checkout's nginx "
+                              f"({state}/nginx.pid): another checkout's? Stop it (kill the nginx that "
+                              f"`ss -ltnp 'sport = :{PORT}'` names), then run again")
         if not Path(NGINX).exists():
             raise MirrorError("nginx is not installed: apt-get install nginx (./dev.sh setup installs it)")
         conf = state / "nginx.conf"

@@ -27,9 +27,6 @@ from typing import Any
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # The fetcher's own files inside the model directory (pdstack/hostside/model_fetch.py): never part of a lock
 RESERVED = (".pdstack-staging", ".pdstack-verified.json")
-# The files the controller's tokenizer copy takes from the lock (the smoke gate counts tokens with them)
-TOKENIZER_GLOBS = ("tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "chat_template*",
-                   "generation_config.json", "config.json")
 
 
 def path_problem(p: Any) -> str | None:
