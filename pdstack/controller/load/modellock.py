@@ -95,11 +95,8 @@ def total_bytes(lock: dict) -> int:
 
 
 def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def from_dir(directory: Path, model: str | None = None) -> dict:
