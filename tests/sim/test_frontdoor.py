@@ -516,17 +516,22 @@ def test_a_client_that_reads_nothing_holds_its_slot_no_longer_than_its_answer_ta
 
 def test_an_answer_larger_than_the_buffers_frees_the_slot_and_the_stalled_client_is_let_go(tmp_path):
     """A fast decode (20,000 tokens/s) and a 9 MB stream never read: the slot is free once decode finished (the
-    front door buffers what the client does not read, ~4 MB of it here), and the client is let go client_timeout
-    after its buffers filled; another request meanwhile is served at once."""
+    front door buffers what the client does not read, ~4 MB of it here) while the stalled client is still
+    connected, and the client is let go client_timeout after its buffers filled; another request meanwhile is
+    served at once. How long the decode itself takes depends on the machine (2 s modelled; 7.8 s under the whole
+    suite on 2026-12-03's CI machine), so the slot's freeing is not timed: it must happen with the client still
+    there, which is what says the decode's end freed it, not the client's departure."""
     fast = ["--prefill-tokens-per-s", "1000000", "--decode-tokens-per-s", "20000", "--decode-batch-penalty", "0",
             "--bootstrap-timeout-s", "5"]
     with admission.Stack(tmp_path, sim_args=fast) as st:
         fd = st.with_frontdoor(max_concurrent_requests=1, queue_size=0, queue_timeout_secs=5, client_timeout_secs=3)
         s = _unread(fd.port, _chat(40_000, stream=True))
         try:
-            freed = _wait_metric(fd, "haproxy_server_current_sessions", 0, 10.0, proxy="pdstack_router")
+            freed = _wait_metric(fd, "haproxy_server_current_sessions", 0, 30.0, proxy="pdstack_router")
+            # the stalled client is still connected: decode's end freed the slot, not the client leaving
+            assert fd.metric("haproxy_frontend_current_sessions", proxy="pdstack") >= 1, freed
             assert request(fd.url, 4)["status"] == 200  # the one slot is free
             gone = _wait_metric(fd, "haproxy_frontend_current_sessions", 0, 3 + 5.0, proxy="pdstack")
         finally:
             s.close()
-        assert freed < 6.0 and gone < 3 + 4.0, (freed, gone)
+        assert gone < 3 + 4.0, (freed, gone)
