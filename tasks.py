@@ -2,6 +2,7 @@
 
     invoke --list                    every task
     invoke demo                      local test host -> site.yml -> summary (the README's main job)
+    invoke tune                      the fastest recipe that still recalls, on the running deployment
     invoke test                      lint + the whole test suite (the README's test command runs this)
     invoke testhost.up --count 3     boot local systemd test hosts;  invoke testhost.down removes them
 """
@@ -198,6 +199,25 @@ def status(c: Context, inventory: str = "", json: bool = False, watch: int = 0) 
         raise Exit(code=r.exited)
 
 
+@task(help={"inventory": "inventory directory (default: ansible.cfg's, the local test host)",
+            "tune_file": "the candidates (default: <inventory>.tune.yml)", "objective": "c1_decode_tps or "
+            "aggregate_tps", "tpot_p99_ms_max": "aggregate_tps: the TPOT p99 bound (ms)",
+            "check": "only plan the candidates and check the sweep"})
+def tune(c: Context, inventory: str = "", tune_file: str = "", objective: str = "", tpot_p99_ms_max: float = 0,
+         check: bool = False) -> None:
+    """Try the tune file's candidates on the running deployment (rolling restart, recall gate, SGLang's bench
+    sweep), restore the plan, report the fastest that still recalls (`pdstack tune`; docs/tune.md)."""
+    cmd = [PY, "-m", "pdstack", "tune", "-i", inventory or default_inventory()]
+    cmd += ["--tune", tune_file] if tune_file else []
+    cmd += ["--objective", objective] if objective else []
+    cmd += ["--tpot-p99-ms-max", str(tpot_p99_ms_max)] if tpot_p99_ms_max else []
+    cmd += ["--check"] if check else []
+    with c.cd(str(ROOT)):
+        r = c.run(shlex.join(cmd), echo=True, warn=True, pty=sys.stdout.isatty(), env=_env())
+    if not r.ok:
+        raise Exit(f"tune: exit {r.exited} (the lines above say why; results stay in build/tune/)", r.exited)
+
+
 @task(help={"inventory": "inventory directory (default: ansible.cfg's, the local test host)"})
 def rollback(c: Context, inventory: str = "") -> None:
     """Return every server and the router to the image deployed before the current one (kept on each host)."""
@@ -250,5 +270,5 @@ testhost.add_task(testhost_status, name="status")
 lock = Collection("lock")
 lock.add_task(lock_prod_image, name="prod-image")
 
-ns = Collection(lint, test, plan, deploy, status, rollback, kernels, demo, testhost, build, lock)
+ns = Collection(lint, test, plan, deploy, status, tune, rollback, kernels, demo, testhost, build, lock)
 ns.configure({"run": {"echo": True}})

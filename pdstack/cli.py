@@ -33,6 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "watchdog": ("pdstack.hostside.watchdog", "probe on a timer; restart a wedged decode, then prefill, with backoff"),
     "model": ("pdstack.controller.load.modellock",
               "the model lock (every file's path, size, sha256) of a model directory or a Hugging Face repo"),
+    "tune": ("pdstack.controller.tune.loop",
+             "try tune.yml's candidates on a running deployment: rolling restart, recall gate, bench_serving sweep"),
     "sim": ("pdstack.testing.sim.cli", "TEST ENGINE: an SGLang-compatible PD worker simulator (never for production)"),
 }
 

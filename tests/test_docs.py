@@ -21,7 +21,7 @@ README_MAX_LINES = 200
 
 # The topics the reference is split into (issue 24); each is a file under docs/.
 TOPICS = ["inventory", "images", "model", "admission", "failure", "rollouts", "monitoring", "smoke-and-watchdog",
-          "testing", "kernels", "layout", "cli", "facts", "pipeline"]
+          "testing", "kernels", "layout", "cli", "facts", "pipeline", "tune"]
 
 # Files of pdstack/controller/ whose comments still cite FACTS.md: other branches rewrite these modules, and the
 # comments are fixed when they merge. The list may only shrink: a file here that no longer cites it fails the test

@@ -54,6 +54,8 @@ def test_the_check_sees_a_function_local_import(tmp_path):
 STAGES = ("load", "check", "plan", "render", "gates")
 # Side pipelines beside the stages: the image build reads the plan; locks is a leaf utility.
 SIDE = {"imagebuild": "plan", "locks": "load"}
+# The drivers below every stage: pipeline.py runs load -> render; tune/ runs the pipeline and the gates in a loop.
+DRIVERS = ("pipeline", "tune")
 
 
 def _stage(mod: str) -> int | None:
@@ -64,8 +66,8 @@ def _stage(mod: str) -> int | None:
         return STAGES.index(parts[2])
     if parts[2] in SIDE:
         return STAGES.index(SIDE[parts[2]])
-    if parts[2] == "pipeline":
-        return len(STAGES)  # the driver: it runs every stage, and no stage imports it
+    if parts[2] in DRIVERS:
+        return len(STAGES)  # the drivers: they run every stage, and no stage imports them
     return None
 
 
@@ -75,7 +77,7 @@ def test_the_controller_is_its_pipeline_stages_and_nothing_else():
                    if p.suffix == ".py" and p.stem not in ("__init__", "pipeline", "locks"))
     dirs = sorted(p.name for p in ctl.iterdir() if p.is_dir() and p.name != "__pycache__")
     assert not loose, f"controller/ modules outside a stage folder: {loose}"
-    assert dirs == sorted([*STAGES, "imagebuild"]), dirs
+    assert dirs == sorted([*STAGES, "imagebuild", "tune"]), dirs
 
 
 def test_each_stage_imports_only_the_stages_above_it():

@@ -65,6 +65,23 @@ def test_argv_is_launcher_plus_flags_and_roles_differ():
     assert pre.env["SGLANG_HEALTH_CHECK_TIMEOUT"] == "20"
 
 
+def test_a_decode_with_hicache_keeps_its_radix_cache_as_0523_requires():
+    """0.5.23 turns a decode server's radix cache off unless --disaggregation-decode-enable-radix-cache is given, and
+    then refuses HiCache at start (srt/arg_groups/pd_disaggregation_hook.py, kv_cache_hook.py): the planner renders
+    the flag for a decode with HiCache, and only there; the test engine refuses the start without it, as SGLang."""
+    pre, dec = prod_plan().servers
+    assert dec.hicache.enabled and "--enable-hierarchical-cache" in dec.flags
+    assert "--disaggregation-decode-enable-radix-cache" in dec.flags
+    assert "--disaggregation-decode-enable-radix-cache" not in pre.flags
+    from pdstack.cli import build_parser
+    from pdstack.testing.sim import speed
+    argv = ["sim", "--disaggregation-mode", "decode", "--enable-hierarchical-cache"]
+    refused = speed.model(vars(build_parser(argv).parse_args(argv))).startup_error
+    assert refused and "mutually exclusive" in refused
+    argv.append("--disaggregation-decode-enable-radix-cache")
+    assert speed.model(vars(build_parser(argv).parse_args(argv))).startup_error is None
+
+
 def test_router_argv_lists_every_worker_behind_the_front_door():
     plan = prod_plan()
     r = plan.router

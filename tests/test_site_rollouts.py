@@ -11,13 +11,16 @@ beside tests/test_site.py on the other (pyproject.toml's pdstack_shared_host_tes
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import threading
 import time
 
 import pytest
 import yaml
 from site_helpers import (
+    BIN,
     ROOT,
     booted_hosts,
     changed_tasks,
@@ -130,9 +133,58 @@ def two_decode(hosts):
     return f"http://{hosts['pdstack-roll-1']}:8000"
 
 
+def _cmd(host: str, name: str) -> list[str]:
+    r = sh(host, "docker", "inspect", "--format", "{{json .Args}}", f"pdstack-{name}")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_tune_picks_the_fastest_that_recalls_skips_what_breaks_and_restores_the_plan(two_decode, tmp_path):
+    """`pdstack tune` (what `invoke tune` runs) with inventory/test/two-decode.tune.yml: each candidate applied by the
+    rolling restart, gated by recall, swept by SGLang's bench client through the front door. The sim's speed model
+    (pdstack/testing/sim/speed.py) makes fp8-kv the fastest and collapses its recall: disqualified, never swept;
+    greedy-memory never starts: recorded with its journal and skipped; upstream-recipe wins at the modelled speed;
+    then the inventory's plan runs again (the next test's second run also changes nothing). First in this file: the
+    baseline is the inventory's plan, as the deploy left it."""
+    host = "pdstack-roll-1"
+    before = {n: _cmd(host, n) for n in ("prefill-0", "decode-0", "decode-1")}
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "pdstack", "tune", "-i", str(TWO), "--out", str(out)], cwd=ROOT,
+                       env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}, capture_output=True,
+                       text=True, timeout=1200)
+    assert r.returncode == 0, (r.stdout[-6000:], r.stderr[-3000:])
+    res = json.loads((out / "results.json").read_text())
+    by = {c["name"]: c for c in res["candidates"]}
+    assert list(by) == ["baseline", "fp8-kv", "greedy-memory", "upstream-recipe"]
+    assert res["winner"] == "upstream-recipe" and "winner (c1_decode_tps): upstream-recipe" in r.stdout
+    # recall decides before speed: the fastest candidate lost recall, so it was not swept and cannot win
+    assert by["fp8-kv"]["recall"]["passed"] is False and by["fp8-kv"]["recall"]["horizon"] < 4000
+    assert by["fp8-kv"]["points"] == [] and by["fp8-kv"]["disqualified_because"].startswith("lost recall")
+    assert by["greedy-memory"]["status"] == "failed to start"
+    assert "did not answer /health" in by["greedy-memory"]["error"], by["greedy-memory"]["error"]
+    assert "CUDA out of memory" in by["greedy-memory"]["error"], by["greedy-memory"]["error"]
+    # the figures are the speed model's: 64 tok/s as deployed, x 1.45 (marlin) x 1.3 (batch within the graphs)
+    c1 = {n: by[n]["score"] for n in ("baseline", "upstream-recipe")}
+    assert c1["baseline"] == pytest.approx(64.0, rel=0.15), c1
+    assert c1["upstream-recipe"] == pytest.approx(64.0 * 1.45 * 1.3, rel=0.15), c1
+    for name in ("baseline", "upstream-recipe"):
+        assert [(p["concurrency"], p["errors"]) for p in by[name]["points"]] == [(1, 0), (4, 0)], by[name]
+        assert all(p["aggregate_tps"] and p["ttft_ms_p99"] and p["prefill_tps"] for p in by[name]["points"])
+    assert res["restored"].startswith("yes"), res["restored"]
+    # the original plan runs again: the same container arguments as before the run, no candidate flag left
+    assert {n: _cmd(host, n) for n in before} == before
+    assert not any("marlin" in " ".join(a) for a in before.values())
+    report = (out / "report.md").read_text()
+    assert "Winner: **upstream-recipe**" in report and (out / "throughput.png").stat().st_size > 1000
+    winner = yaml.safe_load((out / "winner" / "host_vars" / host / "servers.yml").read_text())["pdstack_servers"]
+    assert {s["name"]: s["extra_args"].get("moe-runner-backend") for s in winner} == {
+        "prefill-0": None, "decode-0": "marlin", "decode-1": "marlin"}
+
+
 def test_rollout_runs_are_idempotent_and_check_mode_restarts_nothing(two_decode):
-    """Right after the deploy: a second run changes nothing and restarts nothing (the router role's worker check, the
-    front door's maintenance file, the probe copy); check mode with a changed server restarts nothing either."""
+    """After the deploy (and tune's restore above): a second run changes nothing and restarts nothing (the router
+    role's worker check, the front door's maintenance file, the probe copy); check mode with a changed server
+    restarts nothing either."""
     host = "pdstack-roll-1"
     ids = {n: container_id(host, f"pdstack-{n}") for n in ("prefill-0", "decode-0", "decode-1")}
     again = playbook(TWO)

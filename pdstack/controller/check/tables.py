@@ -24,6 +24,8 @@ OWNED_FLAGS = {
     "disaggregation-ib-device": "the server's transfer.ib_device",
     "mooncake-ib-device": "the server's transfer.ib_device",
     "enable-hierarchical-cache": "the server's hicache.enabled",
+    "disaggregation-decode-enable-radix-cache": "a decode server's hicache.enabled (0.5.23's HiCache needs the radix "
+                                                "cache, which decode turns off without this flag)",
     "hicache-ratio": "the server's hicache.host_budget_gb and hicache.device_kv_pool_gb (the planner computes it)",
     "hicache-write-policy": "the server's hicache.write_policy",
     "hicache-io-backend": "the server's hicache.io_backend",

@@ -38,6 +38,12 @@ class RequestStats:
     error: str = ""
 
 
+def decode_tps(tokens_after_first: int, decode_seconds: float) -> float | None:
+    """A request's decode speed: the tokens after its first over the time from the first token to the last. The
+    one definition of the smoke gate's C=1 figure and of `invoke tune`'s sweep (tune/sweep.py)."""
+    return tokens_after_first / decode_seconds if tokens_after_first > 0 and decode_seconds > 0 else None
+
+
 def stream_once(url: str, max_new_tokens: int, timeout: float, prompt: str = PROMPT,
                 headers: dict[str, str] | None = None) -> RequestStats:
     parsed = urllib.parse.urlsplit(url.rstrip("/"))
@@ -86,7 +92,7 @@ def stream_once(url: str, max_new_tokens: int, timeout: float, prompt: str = PRO
         itl += [(t1 - t0) / (n1 - n0)] * (n1 - n0)
     tokens = arrivals[-1][1]
     span = arrivals[-1][0] - arrivals[0][0]
-    tps = (tokens - arrivals[0][1]) / span if span > 0 else None
+    tps = decode_tps(tokens - arrivals[0][1], span)
     return RequestStats(True, tokens=tokens, ttft_s=arrivals[0][0] - start, decode_tps=tps, itl_s=itl,
                         e2e_s=end - start)
 

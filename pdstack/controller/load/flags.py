@@ -2,6 +2,9 @@
 
 SGLang's parser accepts `--tp` only as an argparse abbreviation of --tp-size; with allow_abbrev=False it is an
 unknown flag, which is what we want: a unit must spell every flag exactly (docs/facts.md, SGLang 0.5.23).
+
+Building SGLang's parser imports torch (~6 s), so it is built once per SGLang install and checkout and kept as data
+in build/cache (parser_cache.py); later processes get an equal parser from there without importing SGLang.
 """
 
 from __future__ import annotations
@@ -9,6 +12,9 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+from pathlib import Path
+
+from pdstack.controller.load import parser_cache
 
 
 class _Rejected(ValueError):
@@ -23,8 +29,12 @@ class _StrictParser(argparse.ArgumentParser):
         raise _Rejected(message)
 
 
-@functools.cache
-def sglang_parser() -> argparse.ArgumentParser:
+def _bare_sglang_parser() -> argparse.ArgumentParser:
+    return _StrictParser(prog="sglang.launch_server", allow_abbrev=False, add_help=False)
+
+
+def live_sglang_parser() -> argparse.ArgumentParser:
+    """SGLang's own add_cli_args on a strict parser: what the cache holds (imports SGLang's server_args, and torch)."""
     from pdstack.upstream import sglang_module
 
     try:
@@ -32,9 +42,16 @@ def sglang_parser() -> argparse.ArgumentParser:
     except ImportError as e:  # pragma: no cover - the venv always has it
         raise RuntimeError("sglang==0.5.23 is needed to check SGLang flags: run ./dev.sh setup "
                            "(it installs it with --no-deps)") from e
-    p = _StrictParser(prog="sglang.launch_server", allow_abbrev=False, add_help=False)
+    p = _bare_sglang_parser()
     ServerArgs.add_cli_args(p)
     return p
+
+
+@functools.cache
+def sglang_parser() -> argparse.ArgumentParser:
+    """SGLang 0.5.23's launch_server parser, from build/cache when it holds this install's (parser_cache.py)."""
+    return parser_cache.cached("sglang", _bare_sglang_parser, live_sglang_parser, dist="sglang",
+                               code=[Path(__file__)], env_prefixes=("SGLANG_", "SGL_"))
 
 
 @functools.cache

@@ -162,10 +162,11 @@ def build_deployment(hostvars: dict[str, dict[str, Any]], groups: dict[str, list
                      locations: dict[str, str] | None = None) -> Deployment:
     """Validate and type the variables. Raises InventoryError listing every problem found, each naming the file and
     line its value came from when `locations` (load_located) knows it."""
+    locations = dict(locations or {})  # _build adds the tune overlay's keys
     try:
-        return _build(hostvars, groups, source, locations or {})
+        return _build(hostvars, groups, source, locations)
     except InventoryError as e:
-        raise InventoryError(list(dict.fromkeys(located(p, locations or {}) for p in e.problems))) from None
+        raise InventoryError(list(dict.fromkeys(located(p, locations) for p in e.problems))) from None
 
 
 # how the checks name a server's value: "host_vars/gpu01 pdstack_servers[0] (prefill-0).transfer.backend: ..."
@@ -205,6 +206,7 @@ def _build(hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]], so
         if any(hv.get(key) != first.get(key) for hv in hostvars.values()):
             problems.append(f"{key}: differs between hosts; set it once in group_vars/all, not per host")
         top[key] = validate_field(f, first.get(key), key, problems, key in first)
+    hostvars = _with_tune(top.get("pdstack_tune"), hostvars, locations, problems)
     # unknown pdstack_* variables are almost always typos
     known = set(TOP_LEVEL) | set(HOST_LEVEL) | {"pdstack_sim_gpus"}  # sim GPUs: read by the facts role only
     for name, hv in hostvars.items():
@@ -260,7 +262,28 @@ def _build(hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]], so
         smoke=top["pdstack_smoke"],
         rollout=top["pdstack_rollout"],
         locations=locations,
+        warnings=[f"tuning candidate {(top['pdstack_tune'] or {}).get('name') or '(unnamed)'} applied "
+                  "(pdstack_tune): this plan is the inventory's with its overlay, not the inventory's own"]
+        if top.get("pdstack_tune") else [],
     )
+
+
+def _with_tune(tune: dict[str, Any] | None, hostvars: dict[str, dict[str, Any]], locations: dict[str, str],
+               problems: list[str]) -> dict[str, dict[str, Any]]:
+    """hostvars with the tuning candidate's overlay (pdstack_tune, load/tune_overlay.py) merged into its servers."""
+    from pdstack.controller.load import tune_overlay
+
+    if not tune:
+        return hostvars
+    found: list[str] = []
+    for selector, change in (tune.get("servers") or {}).items():
+        tune_overlay.TUNE_SERVERS.validate(change, f"pdstack_tune.servers.{selector}", found)
+    if found:
+        problems.extend(found)
+        return hostvars
+    merged, where = tune_overlay.apply(tune, hostvars, problems)
+    locations.update(where)
+    return merged
 
 
 def _model_lock(model: Any, source: str, problems: list[str]) -> dict[str, Any] | None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from pdstack.controller.load import rules
 from pdstack.controller.load.schema import Field, Schema, as_number
+from pdstack.controller.load.tune_overlay import TUNE
 
 ENVIRONMENTS = ("production", "local", "test")
 ENGINES = ("sglang", "sim")
@@ -442,6 +443,8 @@ TOP_LEVEL = {
     "pdstack_smoke": Field((dict,), "the smoke checks after a deploy", default=dict, schema=SMOKE),
     "pdstack_rollout": Field((dict,), "rolling restarts of the servers: drain and probe bounds", default=dict,
                              schema=ROLLOUT),
+    "pdstack_tune": Field((dict,), "a tuning candidate's overlay of server settings (`invoke tune` passes it as an "
+                          "extra var; never set it in an inventory)", default=None, schema=TUNE),
     "pdstack_model_verify": Field((str,), "the model phase's check of the files in place: quick (sizes and mtimes "
                                   "against its verification record; nothing re-read) or full (every file hashed "
                                   "again, what differs fetched again)", default="quick", choices=("quick", "full")),

@@ -248,6 +248,11 @@ def server_flags(dep: Deployment, s: dict, hc: HiCachePlan) -> list[str]:
     for key in ("tool_call_parser", "reasoning_parser"):  # no --chat-template: SGLang uses the model's own
         if value := inventory.parser_setting(m, key):
             out += [f"--{key.replace('_', '-')}", value]
+    if hc.enabled and s["role"] == "decode":
+        # 0.5.23 turns a decode server's radix cache off unless this flag is given, then refuses HiCache without a
+        # radix cache at start ("enable-hierarchical-cache and disable-radix-cache are mutually exclusive"):
+        # srt/arg_groups/pd_disaggregation_hook.py handle_pd_disaggregation, kv_cache_hook.py (docs/recipe.md)
+        out += ["--disaggregation-decode-enable-radix-cache"]
     if hc.enabled:
         out += ["--enable-hierarchical-cache", "--hicache-ratio", f"{hc.ratio:.3f}",
                 "--hicache-write-policy", s["hicache"]["write_policy"],

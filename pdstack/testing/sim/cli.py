@@ -17,6 +17,7 @@ import sys
 from pdstack.errors import PdstackError
 from pdstack.switches import BF16_INDEX_K_ENV  # the switch of pdstack's SGLang patch series
 from pdstack.testing.sim import TEST_ENGINE_LABEL
+from pdstack.testing.sim.speed import model as speed_model
 
 # SGLang 0.5.23 choices, copied from sglang.srt.server_args (tests/sim checks them against the installed sglang).
 TRANSFER_BACKENDS = ["mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp"]
@@ -26,7 +27,9 @@ HICACHE_MEM_LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_f
 KV_CACHE_DTYPES = ["auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16"]
 DTYPES = ["auto", "half", "float16", "bfloat16", "float", "float32"]
 
-# SGLang flags accepted and ignored: (option strings, argparse kwargs). They land in /server_info's fields.
+# SGLang flags accepted and ignored: (option strings, argparse kwargs). They land in /server_info's fields. A few of
+# them (--moe-runner-backend, --cuda-graph-max-bs-decode, --disable-cuda-graph, --kv-cache-dtype,
+# --chunked-prefill-size, --mem-fraction-static) move the speed model's factors (speed.py), nothing else.
 IGNORED_SGLANG_FLAGS: list[tuple[tuple[str, ...], dict]] = [
     (("--tokenizer-path",), {}),
     (("--tp-size", "--tensor-parallel-size"), {"type": int, "default": 1}),
@@ -36,6 +39,7 @@ IGNORED_SGLANG_FLAGS: list[tuple[tuple[str, ...], dict]] = [
     (("--disaggregation-transfer-backend",), {"choices": TRANSFER_BACKENDS, "default": "mooncake"}),
     (("--disaggregation-ib-device",), {}),
     (("--hicache-size",), {"type": int, "default": 0}),
+    (("--disaggregation-decode-enable-radix-cache",), {"action": "store_true"}),
     (("--hicache-write-policy",), {"choices": HICACHE_WRITE_POLICIES, "default": "write_through"}),
     (("--hicache-io-backend",), {"choices": HICACHE_IO_BACKENDS, "default": "kernel"}),
     (("--hicache-mem-layout",), {"choices": HICACHE_MEM_LAYOUTS, "default": "page_first"}),
@@ -169,6 +173,10 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None):
         if getattr(args, name) <= 0:
             raise PdstackError(f"--{name.replace('_', '-')} must be > 0")
     server_args = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
+    speed = speed_model(server_args)
+    horizon = default_recall_horizon() if args.recall_horizon is None else args.recall_horizon
+    if speed.recall_horizon is not None and (horizon <= 0 or speed.recall_horizon < horizon):
+        horizon = speed.recall_horizon
     cfg = SimConfig(
         role=role, host=args.host, port=args.port, bootstrap_port=bport, model_path=args.model_path,
         served_model_name=args.served_model_name,
@@ -178,7 +186,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None):
         max_total_tokens=args.max_total_tokens or 1_000_000,
         enable_metrics=args.enable_metrics,
         enable_hierarchical_cache=args.enable_hierarchical_cache, hicache_ratio=args.hicache_ratio,
-        recall_horizon=default_recall_horizon() if args.recall_horizon is None else args.recall_horizon,
+        recall_horizon=horizon, speed=speed,
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         decode_tokens_per_s=args.decode_tokens_per_s, decode_batch_penalty=args.decode_batch_penalty,
         kv_transfer_gb_per_s=args.kv_transfer_gb_per_s, bootstrap_timeout_s=args.bootstrap_timeout_s,
@@ -201,6 +209,10 @@ def run(args: argparse.Namespace) -> int:
     if cfg.role.value != "mono" and cfg.max_queued_requests is not None:
         logging.getLogger("pdstack.testing.sim").warning(
             "--max-queued-requests is ignored with --disaggregation-mode %s (as in SGLang)", cfg.role.value)
+
+    if cfg.speed.startup_error:  # the speed model's failed start (speed.py), as a real server's: logged, exit 1
+        logging.getLogger("pdstack.testing.sim").error("%s", cfg.speed.startup_error)
+        return 1
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from pdstack.testing.sim.speed import Speed
 from pdstack.testing.sim.vocab import TOKENIZER_DIR
 
 
@@ -46,6 +47,8 @@ class SimConfig:
     decode_tokens_per_s: float = 64.0
     decode_batch_penalty: float = 0.02  # each extra running request slows every decode step by this fraction
     kv_transfer_gb_per_s: float = 20.0
+    # what the SGLang flags a tuning candidate changes do to the speeds above (speed.py); the default: nothing
+    speed: Speed = field(default_factory=Speed)
     kv_bytes_per_token: int = 70_000  # rough DeepSeek-V4 KV+indexer bytes per token, for the transfer time
     # PD handshake
     # prefill waits this long for decode's handshake, decode for prefill's KV (SGLang's SGLANG_DISAGGREGATION_

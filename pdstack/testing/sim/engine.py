@@ -10,6 +10,7 @@ Timing model (documented in README.md):
   * PD: prefill waits for decode's handshake (bootstrap queue), prefills, then "sends the KV", which takes
     prompt_tokens * kv_bytes_per_token / kv_transfer_gb_per_s; decode waits for it (transfer queue), then decodes.
   * at most max_running_requests run at once; the rest wait (sglang:num_queue_reqs).
+  * the SGLang flags a tuning candidate changes scale these rates (speed.py, SimConfig.speed).
 Aborts raise `SimAbort`, whose status/message follow SGLang 0.5.23's `prepare_abort` / `_abort_on_queued_limit`.
 """
 
@@ -296,7 +297,8 @@ class Engine:
         self._prefill_owner = asyncio.current_task()
         try:
             cached = self._prefix(prompt_ids)
-            seconds = (len(prompt_ids) - cached) / self.cfg.prefill_tokens_per_s + self.faults.slow_prefill_s
+            rate = self.cfg.prefill_tokens_per_s * self.cfg.speed.prefill_factor
+            seconds = (len(prompt_ids) - cached) / rate + self.faults.slow_prefill_s
             await asyncio.sleep(seconds)
         finally:
             self._release_prefill()
@@ -316,7 +318,8 @@ class Engine:
                     await self.faults.wait_unwedged()
                     if i > 0:
                         slowdown = 1 + self.cfg.decode_batch_penalty * max(0, self.decoding - 1)
-                        due = max(due + slowdown / self.cfg.decode_tokens_per_s, time.monotonic() - CATCH_UP_S)
+                        rate = self.cfg.speed.decode_tps(self.cfg.decode_tokens_per_s, self.decoding)
+                        due = max(due + slowdown / rate, time.monotonic() - CATCH_UP_S)
                         await asyncio.sleep(max(0.0, due - time.monotonic()))
                         await self.faults.wait_unwedged()
                     now = time.monotonic()

@@ -1,0 +1,83 @@
+"""pdstack_tune: a tuning candidate's overlay of server settings, merged into the servers before any check runs.
+
+`invoke tune` (pdstack/controller/tune) passes one candidate of tune.yml as the extra var `pdstack_tune`:
+
+    pdstack_tune:
+      name: upstream-recipe
+      servers:
+        decode: {extra_args: {moe-runner-backend: marlin}, env: {SGLANG_X: "1"}}   # prefill | decode | all | a name
+
+Each selected server gets the overlay's extra_args and env on top of its own (the overlay's value of a flag replaces
+the server's), so the candidate goes through the very checks, planner, encoders and read-back an inventory does:
+a candidate is an inventory. The merged keys are recorded as locations, so a problem with one of them names the
+overlay key it came from.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pdstack.controller.load import rules
+from pdstack.controller.load.schema import Field, Schema
+
+SELECTORS = ("prefill", "decode", "all")
+
+
+def _sglang_extra_args(v: dict) -> str | None:
+    from pdstack.controller.load.variables import _extra_args  # variables.py imports this module's TUNE
+
+    return _extra_args("sglang")(v)
+
+
+TUNE_SERVERS = Schema("pdstack_tune.servers.<which>", {
+    "extra_args": Field((dict,), "SGLang flags to set on these servers (as a server's extra_args; they replace the "
+                        "server's own value of the same flag)", default=dict, check=_sglang_extra_args),
+    "env": Field((dict,), "environment variables to set on these servers (as a server's env)", default=dict),
+})
+
+TUNE = Schema("pdstack_tune", {
+    "name": Field((str,), "the candidate's name (tune.yml), reported in the plan's warnings", default=None,
+                  check=rules.name_problem),
+    "servers": Field((dict,), "which servers change: prefill, decode, all, or a server's name -> {extra_args, env}",
+                     default=dict),
+})
+
+
+def _selects(selector: str, server: dict[str, Any]) -> bool:
+    return selector == "all" or selector == server.get("role") or selector == server.get("name")
+
+
+def apply(tune: dict[str, Any] | None, hostvars: dict[str, dict[str, Any]],
+          problems: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """(hostvars with the overlay merged into every selected server, {server variable path: overlay path}).
+    `tune` is the validated pdstack_tune (None: no overlay). A selector that names no server is a problem."""
+    if not tune or not tune.get("servers"):
+        return hostvars, {}
+    out = copy.deepcopy(hostvars)
+    where: dict[str, str] = {}
+    names = sorted({str(s.get("name")) for hv in hostvars.values() for s in hv.get("pdstack_servers") or []
+                    if isinstance(s, dict)})
+    for selector, change in tune["servers"].items():
+        path = f"pdstack_tune.servers.{selector}"
+        if not isinstance(change, dict):
+            problems.append(f"{path}: expected a mapping {{extra_args: ..., env: ...}}, got {type(change).__name__}")
+            continue
+        hit = False
+        for host, hv in out.items():
+            for i, s in enumerate(hv.get("pdstack_servers") or []):
+                if not isinstance(s, dict) or not _selects(selector, s):
+                    continue
+                hit = True
+                for key in ("extra_args", "env"):
+                    add = change.get(key) or {}
+                    if not add:
+                        continue
+                    own = s.get(key) if isinstance(s.get(key), dict) else {}
+                    s[key] = {**own, **add}
+                    for k in add:
+                        where[f"host_vars/{host}.pdstack_servers[{i}].{key}.{k}"] = f"{path}.{key}.{k}"
+        if not hit:
+            problems.append(f"{path}: selects no server; use one of {', '.join(SELECTORS)} or a server's name "
+                            f"({', '.join(names) or 'the inventory has none'})")
+    return out, where
