@@ -177,7 +177,7 @@ def test_tune_picks_the_fastest_that_recalls_skips_what_breaks_and_restores_the_
     report = (out / "report.md").read_text()
     assert "Winner: **upstream-recipe**" in report and (out / "throughput.png").stat().st_size > 1000
     winner = yaml.safe_load((out / "winner" / "host_vars" / host / "servers.yml").read_text())["pdstack_servers"]
-    assert {s["name"]: s["extra_args"].get("moe-runner-backend") for s in winner} == {
+    assert {s["name"]: s.get("extra_args", {}).get("moe-runner-backend") for s in winner} == {
         "prefill-0": None, "decode-0": "marlin", "decode-1": "marlin"}
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from pdstack.cli import build_parser
 from pdstack.controller import pipeline
-from pdstack.controller.load import inventory
+from pdstack.controller.load import inventory, tune_overlay
 from pdstack.controller.load.facts import load_facts
 from pdstack.controller.tune import report, settings, sweep
 from pdstack.errors import InventoryError
@@ -71,6 +71,25 @@ def test_a_bad_tune_file_is_refused_naming_the_key(tmp_path, text, message):
     assert str(tmp_path / "t.tune.yml") in str(e.value)
 
 
+@pytest.mark.parametrize(("inv", "facts"), [("inventory/local", "single-node-4gpu"),
+                                           ("inventory/test/two-decode", "single-node-4gpu"),
+                                           ("inventory/production", "reference-2node-8gpu")])
+def test_every_shipped_tune_files_candidates_plan(inv, facts):
+    """What `pdstack tune` checks before any host changes, for the tune files the repo ships: each candidate, as the
+    extra var pdstack_tune, passes every check and plans; its flags land in the selected servers' argv."""
+    cfg = settings.load(settings.default_path(inv))
+    hv, groups, loc = inventory.load_located(inv)
+    f = load_facts(f"tests/topologies/{facts}.json", list(hv))
+    for cand in cfg["candidates"]:
+        tuned = {h: {**v, "pdstack_tune": {"name": cand["name"], "servers": cand["servers"]}} for h, v in hv.items()}
+        plan = pipeline.make_plan(inventory.build_deployment(tuned, groups, inv, loc), f)
+        for sel, change in cand["servers"].items():
+            for s in plan.servers:
+                if sel in ("all", s.role, s.name):
+                    for k in change.get("extra_args") or {}:
+                        assert f"--{k}" in s.argv, (cand["name"], s.name, k)
+
+
 def test_a_missing_tune_file_says_where_one_goes(tmp_path):
     with pytest.raises(InventoryError, match="no such tune file; write one beside the inventory"):
         settings.load(tmp_path / "nope.tune.yml")
@@ -124,6 +143,16 @@ def test_a_bad_overlay_is_refused_at_load_naming_the_overlay_key(tune, message):
     with pytest.raises(InventoryError) as e:
         _deployment(tune)
     assert message in str(e.value), e.value
+
+
+def test_an_inventory_file_that_sets_pdstack_tune_is_refused(tmp_path):
+    import shutil
+    inv = tmp_path / "local"
+    shutil.copytree("inventory/local", inv)
+    (inv / "group_vars" / "all" / "tune.yml").write_text("---\npdstack_tune: {name: x, servers: {}}\n")
+    with pytest.raises(InventoryError, match=r"pdstack_tune \(group_vars/all/tune.yml:2\): a tuning candidate's "
+                                             "overlay, which `invoke tune` passes as an extra var"):
+        inventory.load(inv)
 
 
 def test_an_overlay_flag_preflight_refuses_names_the_overlay_key_it_came_from():
@@ -266,15 +295,75 @@ def test_the_report_and_the_winners_host_vars(tmp_path):
     res = {"inventory": "inventory/local", "run": "r1", "objective": "c1_decode_tps", "tpot_p99_ms_max": None,
            "candidates": cs, "restored": "yes"}
     res["winner"] = report.pick_winner(cs, "c1_decode_tps", None)
-    servers = inventory.load("inventory/local").hosts["pdstack-local-1"].servers
-    servers = copy.deepcopy(servers)
-    servers[1]["extra_args"] = {"moe-runner-backend": "marlin"}
+    hv, groups, loc = inventory.load_located("inventory/local")
+    servers = tune_overlay.apply(cs[1]["overlay"], hv, [])[0]["pdstack-local-1"]["pdstack_servers"]
     change = report.winner_change(res, {"pdstack-local-1": servers}, tmp_path)
     written = (change / "host_vars" / "pdstack-local-1" / "servers.yml").read_text()
     import yaml
     assert yaml.safe_load(written)["pdstack_servers"] == json.loads(json.dumps(servers))
+    # the file is an inventory's: copied over the inventory's, it plans, and decode runs the winner's flag
+    hv["pdstack-local-1"]["pdstack_servers"] = yaml.safe_load(written)["pdstack_servers"]
+    facts = load_facts("tests/topologies/single-node-4gpu.json", ["pdstack-local-1"])
+    plan = pipeline.make_plan(inventory.build_deployment(hv, groups, "inventory/local"), facts)
+    assert [s.name for s in plan.servers if "marlin" in s.argv] == ["decode-0"]
     assert "decode-0: extra_args.moe-runner-backend: 'marlin'" in (change / "CHANGE.md").read_text()
     pngs = report.plots(res, tmp_path)
     assert all(p.stat().st_size > 1000 for p in pngs)
     md = report.markdown(res, pngs, change)
     assert "Winner: **recipe**" in md and "| recipe | WINNER |" in md and "288-299" in md
+
+
+# ------------------------------------------------------------------------ what the run checks before any change
+
+
+@pytest.fixture
+def tuner(tmp_path, monkeypatch):
+    """A Tuner of inventory/local whose controller state (facts, the last run's plan, the tokenizer) is in tmp_path:
+    as `invoke deploy` leaves it."""
+    from pdstack.controller.tune import loop
+
+    state = tmp_path / "build" / "state" / "local"
+    (state / "facts").mkdir(parents=True)
+    (state / "facts" / "pdstack-local-1.json").write_text(open("tests/topologies/single-node-4gpu.json").read())
+    (state / "tokenizer").mkdir()
+    (state / "tokenizer" / "tokenizer.json").write_text("{}")
+    monkeypatch.setattr(loop.Tuner, "require_image", False)  # no sim image needs to be built for these
+    monkeypatch.setattr(loop.Tuner, "tokenizer", lambda self: str(state / "tokenizer"))
+    cfg = settings.load(settings.default_path("inventory/local"))
+    t = loop.Tuner("inventory/local", cfg, tmp_path / "out", root=tmp_path)
+    (state / "plan.json").write_text(t.base_plan.to_json())
+    return t
+
+
+def test_a_deployment_as_the_inventory_plans_it_passes_the_runs_checks(tuner):
+    tuner.check()
+
+
+def test_a_deployment_that_is_not_the_inventorys_plan_is_refused(tuner):
+    last = json.loads((tuner.state / "plan.json").read_text())
+    last["servers"][1]["argv"].append("--moe-runner-backend")
+    (tuner.state / "plan.json").write_text(json.dumps(last))
+    with pytest.raises(InventoryError, match=r"planned server\(s\) decode-0 unlike the inventory does now"):
+        tuner.check()
+    last = json.loads(tuner.base_plan.to_json()) | {"image": "pdstack/sim:0000000000000000"}
+    (tuner.state / "plan.json").write_text(json.dumps(last))
+    with pytest.raises(InventoryError, match="deployed image pdstack/sim:0000000000000000, the inventory now plans"):
+        tuner.check()
+    (tuner.state / "plan.json").unlink()
+    with pytest.raises(InventoryError, match="missing; tune measures a running deployment: deploy it first"):
+        tuner.check()
+
+
+def test_a_sweep_the_deployment_cannot_take_and_a_bad_candidate_are_refused_together(tuner):
+    tuner.cfg["sweep"]["concurrency"] = [1, 64]
+    tuner.cfg["sweep"]["shapes"] = [{"input": 32768, "output": 256}]
+    tuner.cfg["candidates"].append({"name": "typo", "description": "", "servers": {
+        "decode": {"extra_args": {"cuda-graph-max-bs-decod": 32}}}})
+    with pytest.raises(InventoryError) as e:
+        tuner.check()
+    text = str(e.value)
+    assert "sweep.concurrency: 64 is more than the front door admits (8 in flight + 16 queued" in text
+    assert "sweep.shapes: 32768/256 needs 33024 tokens, over the model's context_length 32768" in text
+    typo = "cuda-graph-max-bs-decod"
+    assert f"candidate typo: host_vars/pdstack-local-1 pdstack_servers[1] (decode-0).extra_args.{typo}" in text
+    assert f"(pdstack_tune.servers.decode.extra_args.{typo})" in text

@@ -29,7 +29,7 @@ from typing import Any
 
 from pdstack.controller import pipeline
 from pdstack.controller.gates import apikey, recall, results, smoke_settings
-from pdstack.controller.load import inventory
+from pdstack.controller.load import inventory, tune_overlay
 from pdstack.controller.load.facts import load_facts
 from pdstack.controller.tune import report, settings, sweep
 from pdstack.errors import InventoryError, PdstackError
@@ -43,9 +43,11 @@ def say(msg: str) -> None:
 
 
 class Tuner:
-    def __init__(self, inv: str, cfg: dict[str, Any], out: Path, url: str | None = None):
+    require_image = True  # the plans are about to be deployed (as the preflight role plans them)
+
+    def __init__(self, inv: str, cfg: dict[str, Any], out: Path, url: str | None = None, root: Path = ROOT):
         self.inv, self.cfg, self.out, self.url = inv, cfg, out, url
-        self.state = ROOT / "build" / "state" / Path(inv).name
+        self.state = root / "build" / "state" / Path(inv).name
         self.hostvars, self.groups, self.locations = inventory.load_located(inv)
         self.facts = load_facts(self.state / "facts", list(self.hostvars))
         if sorted(self.facts) != sorted(self.hostvars):
@@ -53,7 +55,7 @@ class Tuner:
                                   f"{', '.join(sorted(set(self.hostvars) - set(self.facts)))}; tune measures a "
                                   f"running deployment: deploy it first (invoke deploy -i {inv})"])
         self.base_dep = inventory.build_deployment(self.hostvars, self.groups, inv, self.locations)
-        self.base_plan = pipeline.make_plan(self.base_dep, self.facts, require_image=True)
+        self.base_plan = pipeline.make_plan(self.base_dep, self.facts, require_image=self.require_image)
 
     # ------------------------------------------------------------------------------------------------ checks
 
@@ -63,7 +65,7 @@ class Tuner:
     def plan_of(self, cand: dict[str, Any] | None):
         hv = {h: {**v, **({"pdstack_tune": self.overlay(cand)} if cand else {})} for h, v in self.hostvars.items()}
         dep = inventory.build_deployment(hv, self.groups, self.inv, self.locations)
-        return pipeline.make_plan(dep, self.facts, require_image=True), dep
+        return pipeline.make_plan(dep, self.facts, require_image=self.require_image), dep
 
     def check(self) -> None:
         """Every candidate planned, the sweep within the deployment's limits; raises listing every problem."""
@@ -80,6 +82,11 @@ class Tuner:
                 problems.append(f"sweep.shapes: {s['input']}/{s['output']} needs {s['input'] + s['output']} tokens, "
                                 f"over the model's context_length {ctx}; use shorter shapes for this inventory")
         problems += self.running_is_the_inventorys()
+        tok = self.tokenizer()
+        if not tok or not (Path(tok) / "tokenizer.json").is_file():
+            problems.append(f"the recall gate's tokenizer {tok or '(none)'} has no tokenizer.json: the model phase "
+                            f"copies the lock's tokenizer there on deploy (invoke deploy -i {self.inv}), or set "
+                            "pdstack_smoke.tokenizer")
         adm = self.base_dep.router["admission"]
         if adm["max_concurrent_requests"] > 0:
             room = adm["max_concurrent_requests"] + adm["queue_size"]
@@ -91,6 +98,9 @@ class Tuner:
         if problems:
             raise InventoryError(problems)
 
+    def tokenizer(self) -> str | None:
+        return smoke_settings.from_deployment(self.base_dep)["tokenizer"]
+
     def _servers(self, plan: dict[str, Any]) -> dict[str, tuple]:
         return {s["name"]: (s["host"], s["argv"], s["env"]) for s in plan["servers"]}
 
@@ -101,11 +111,19 @@ class Tuner:
         if not last.is_file():
             return [f"{last}: missing; tune measures a running deployment: deploy it first (invoke deploy -i "
                     f"{self.inv})"]
-        now, want = self._servers(json.loads(last.read_text())), self._servers(json.loads(self.base_plan.to_json()))
+        last_plan, want_plan = json.loads(last.read_text()), json.loads(self.base_plan.to_json())
+        out = []
+        if (last_plan.get("image"), last_plan.get("image_id")) != (want_plan["image"], want_plan["image_id"]):
+            out.append(f"{last}: the last site.yml run deployed image {last_plan.get('image')}, the inventory now "
+                       f"plans {want_plan['image']} (a new build since?); every candidate would restart onto it: "
+                       f"deploy it first (invoke deploy -i {self.inv})")
+        now, want = self._servers(last_plan), self._servers(want_plan)
         differ = sorted(n for n in set(now) | set(want) if now.get(n) != want.get(n))
-        return [f"{last}: the last site.yml run planned server(s) {', '.join(differ)} unlike the inventory does now "
-                "(extra vars, or an edit since); tune's baseline is the inventory's plan: deploy it first (invoke "
-                f"deploy -i {self.inv})"] if differ else []
+        if differ:
+            out.append(f"{last}: the last site.yml run planned server(s) {', '.join(differ)} unlike the inventory "
+                       "does now (extra vars, or an edit since); tune's baseline is the inventory's plan: deploy it "
+                       f"first (invoke deploy -i {self.inv})")
+        return out
 
     # ------------------------------------------------------------------------------------------ the deployment
 
@@ -199,8 +217,8 @@ class Tuner:
             base.update(self.measure("baseline", url, headers, key))
             res["candidates"].append(base)
             for i, cand in enumerate(cands, 1):
-                entry = {"name": cand["name"], "description": cand["description"],
-                         "overlay": self.overlay(cand), "recall": None, "points": []}
+                entry = {"name": cand["name"], "description": cand["description"], "status": "not measured "
+                         "(the run stopped first)", "overlay": self.overlay(cand), "recall": None, "points": []}
                 res["candidates"].append(entry)
                 say(f"[{i}/{len(cands)}] {cand['name']}: applying (site.yml --tags {TAGS}, rolling restart)")
                 applied = True
@@ -240,8 +258,10 @@ class Tuner:
         change = None
         if res["winner"] not in (None, "baseline"):
             win = next(c for c in self.cfg["candidates"] if c["name"] == res["winner"])
-            _, dep = self.plan_of(win)
-            change = report.winner_change(res, {h.name: h.servers for h in dep.hosts.values()}, self.out)
+            # the inventory's own servers (as its files say, no defaults filled in) with the overlay merged
+            merged, _ = tune_overlay.apply(self.overlay(win), self.hostvars, [])
+            change = report.winner_change(res, {h: v["pdstack_servers"] for h, v in merged.items()
+                                                if v.get("pdstack_servers")}, self.out)
         res["winner_change"] = str(change) if change else None
         results.write_json(self.out / "results.json", res)
         (self.out / "report.md").write_text(report.markdown(res, pngs, change))
