@@ -6,7 +6,7 @@
     2. "baseline": the deployment as it runs, measured first (recall gate, then the sweep).
     3. Each candidate: `ansible-playbook site.yml --tags facts,serving -e @overlay.json` (the rolling restart applies
        it: drain, restart, probe, back in), then the recall gate (the smoke gate's grid and min_horizon; a candidate
-       that loses recall is disqualified and not swept), then the sweep (sweep.py: SGLang's bench_serving). A
+       that loses recall is disqualified and not swept), then the sweep (sweep.py: bench_serving's Rust client). A
        candidate whose servers do not come up within start_timeout_s is recorded as failed to start, and skipped.
     4. Always, also on Ctrl-C or a failure: the same playbook without the overlay restores the inventory's plan, and
        the restored plan is compared with the one the run started from.
