@@ -113,7 +113,8 @@ def stack(tmp_path_factory):
     with ExitStack() as es:
         prefill = SimProcess("prefill", tmp, FAST)
         es.callback(prefill.stop)
-        decode = SimProcess("decode", tmp, FAST)
+        # a decode with HiCache keeps its radix cache, as the planner renders it (SGLang 0.5.23 refuses it otherwise)
+        decode = SimProcess("decode", tmp, [*FAST, "--disaggregation-decode-enable-radix-cache"])
         es.callback(decode.stop)
         prefill.start()
         decode.start()

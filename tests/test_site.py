@@ -273,7 +273,9 @@ def test_completions_flow_and_a_burst_is_refused_fast(one_host, hosts):
     assert set(codes) <= {200, 429}, sorted(set(codes))
     assert codes.count(200) >= 8 + 16, codes.count(200)
     assert max(t for c, t in results if c == 429) < 1.0, sorted(t for c, t in results if c == 429)[-5:]
-    assert len(samples) > 20 and max(samples) <= 8, (len(samples), max(samples, default=None))
+    # decode runs at most N + 1: the front door's N, and the watchdog's probe (every 5 s on this layout), which goes
+    # to the router on the host, not through the front door (README, docs/admission.md); seen at 9 under CI's load
+    assert len(samples) > 20 and max(samples) <= 8 + 1, (len(samples), max(samples, default=None))
     assert wall < 60, wall
     code, body = completion(router)  # serves normally right after
     assert code == 200, body

@@ -284,7 +284,9 @@ def test_restart_of_the_only_prefill_refuses_new_requests_with_503_and_loses_non
     assert refused, "no request met the maintenance switch"
     for x in refused:
         assert (x["status"], x["retry_after"], x["refusal"]) == (503, "2", "maintenance"), x
-        assert x["seconds"] < 1.0, x
+        # at once: not queued (the queue times out at 10 s here) nor held until the prefill is back (a restart takes
+        # longer); 1.37 s seen under the whole suite's load on 2 cores, ~0.01 s alone
+        assert x["seconds"] < 3.0, x
     assert max(x["seconds"] for x in results) < 30, "a request hung"
     assert all(x["stream"] is False or x["status"] != 200 or "[DONE]" in x["tail"] for x in results)
     window = max(x["t0"] for x in refused) - min(x["t0"] for x in refused)

@@ -112,8 +112,10 @@ def start_pd(tmp_path, sim_extra=(), prefill_extra=(), decode_extra=(), router_e
 @pytest.fixture(scope="module")
 def pd(tmp_path_factory):
     """A sim prefill + sim decode behind the real router, shared by a module; faults reset after each use."""
+    # HiCache on both, and on decode with its radix cache, which SGLang 0.5.23 (and so the sim) requires for it
     stack, s = start_pd(tmp_path_factory.mktemp("pd"), sim_extra=["--enable-hierarchical-cache",
-                                                                    "--hicache-ratio", "2", "--recall-horizon", "200"])
+                                                                    "--hicache-ratio", "2", "--recall-horizon", "200"],
+                        decode_extra=["--disaggregation-decode-enable-radix-cache"])
     with stack:
         yield s
 
