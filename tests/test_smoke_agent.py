@@ -31,6 +31,18 @@ def smoke(url: str, out: Path, *extra: str) -> int:
                      "--probe-stall-timeout", "3", "--churn-lengths", "1K,4K", "--admission-limit", "4", *extra])
 
 
+def _wait_idle(*sims, within: float = 60.0) -> None:
+    from pdstack.testing.sim.launch import http_get
+
+    deadline = time.monotonic() + within
+    while True:
+        states = [json.loads(http_get(p.url + "/_sim/state")[1]) for p in sims]
+        if all(st["waiting"] == st["running"] == 0 for st in states):
+            return
+        assert time.monotonic() < deadline, f"the servers did not go idle within {within:g} s: {states}"
+        time.sleep(0.2)
+
+
 def test_agent_gates_pass_then_each_fault_fails_its_gate(tmp_path, capsys):
     stack, s = start_pd(tmp_path, sim_extra=[*PARSERS, *TIMING], router_extra=ADMISSION)
     with stack:
@@ -47,7 +59,11 @@ def test_agent_gates_pass_then_each_fault_fails_its_gate(tmp_path, capsys):
         print(f"smoke phase with agent gates: {took:.1f} s", file=sys.stderr)
 
         def fails_only(gate: str, fault: str, skip: str, *says: str) -> None:
-            """With decode's `fault` on (and the other agent gate skipped), smoke fails `gate` alone, saying `says`."""
+            """With decode's `fault` on (and the other agent gate skipped), smoke fails `gate` alone, saying `says`.
+            It starts once both servers are idle: the run before leaves work behind (the churn gate's aborted
+            victims), and a probe queued behind it under the whole suite's load missed its 5 s first-token deadline
+            (2026-12-03 and 12-04, failing `probe` beside the gate under test)."""
+            _wait_idle(s.prefill, s.decode)
             s.decode.fault(**{fault: True})
             try:
                 rc = smoke(s.router.url, tmp_path / fault, skip)
