@@ -32,7 +32,7 @@ from pdstack.controller.gates import apikey, recall, results, smoke_settings
 from pdstack.controller.load import inventory, tune_overlay
 from pdstack.controller.load.facts import load_facts
 from pdstack.controller.tune import report, settings, sweep
-from pdstack.errors import InventoryError, PdstackError
+from pdstack.errors import InventoryError
 
 ROOT = smoke_settings.ROOT
 TAGS = "facts,serving"
@@ -307,9 +307,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"tune: {len(cfg['candidates'])} candidate(s) plan; {len(settings.points(cfg['sweep']))} point(s) "
               "per candidate; nothing changed")
         return 0
-    try:
-        res = t.run()
-    except PdstackError:
-        raise
+    res = t.run()
     ok = res["winner"] is not None and str(res["restored"]).startswith(("yes", "nothing"))
     return 0 if ok else 1

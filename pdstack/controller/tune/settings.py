@@ -28,17 +28,10 @@ from typing import Any
 
 from pdstack.controller.load import rules, yamlsafe
 from pdstack.controller.load.schema import Field, Schema
+from pdstack.controller.load.variables import _non_negative, _positive  # the inventory's own value rules
 from pdstack.errors import InventoryError
 
 OBJECTIVES = ("c1_decode_tps", "aggregate_tps")
-
-
-def _positive(v: Any) -> str | None:
-    return None if not isinstance(v, bool) and isinstance(v, int | float) and v > 0 else f"{v!r}: must be > 0"
-
-
-def _non_negative(v: Any) -> str | None:
-    return None if not isinstance(v, bool) and isinstance(v, int | float) and v >= 0 else f"{v!r}: must be >= 0"
 
 
 def _levels(v: list) -> str | None:

@@ -32,6 +32,9 @@ from typing import Any
 
 from pdstack.controller.gates import bench
 
+# the latency percentiles a point carries (the bench client's median_/p90_/p99_ ttft, tpot and itl, in ms)
+LATENCIES = [(m, q) for m in ("ttft", "tpot", "itl") for q in ("p50", "p90", "p99")]
+
 
 def argv(url: str, point: dict[str, int], tokenizer: str, model: str, out_file: Path, warmup: int,
          seed: int = 42) -> list[str]:
@@ -72,13 +75,6 @@ def generate(args: list[str]) -> int:
     return rust_client.main(args)
 
 
-def _pct(values: list[float], p: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(p * (len(s) - 1))))]
-
-
 def summarise(line: dict[str, Any], point: dict[str, int]) -> dict[str, Any]:
     """A point's figures from bench_serving's JSONL result (with --output-details)."""
     errors = [e for e in line.get("errors") or [] if e]
@@ -95,8 +91,7 @@ def summarise(line: dict[str, Any], point: dict[str, int]) -> dict[str, Any]:
         "aggregate_tps": line.get("output_throughput"),
         "prefill_tps": line.get("input_throughput"),
         "duration_s": line.get("duration"),
-        **{f"{m}_ms_{q}": line.get(f"{'median' if q == 'p50' else q}_{m}_ms")
-           for m in ("ttft", "tpot", "itl") for q in ("p50", "p90", "p99")},
+        **{f"{m}_ms_{q}": line.get(f"{'median' if q == 'p50' else q}_{m}_ms") for m, q in LATENCIES},
     }
 
 
@@ -104,7 +99,7 @@ def failed_point(point: dict[str, int], why: str) -> dict[str, Any]:
     return {**point, "completed": 0, "errors": point["prompts"], "error_samples": [why[-500:]],
             "decode_tps_per_request_p50": None, "decode_tps_per_request": [], "aggregate_tps": None,
             "prefill_tps": None, "duration_s": None,
-            **{f"{m}_ms_{q}": None for m in ("ttft", "tpot", "itl") for q in ("p50", "p90", "p99")}}
+            **{f"{m}_ms_{q}": None for m, q in LATENCIES}}
 
 
 def seed_of(point: dict[str, int]) -> int:
