@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -29,6 +30,7 @@ from pdstack.controller.imagebuild.manifest import format_manifest, manifest_pat
 from pdstack.controller.imagebuild.pins import default_series_dir
 from pdstack.controller.imagebuild.pipeline import build
 from pdstack.controller.imagebuild.wheels import pep508
+from pdstack.controller.plan.planner import ROUTER_LAUNCHER
 from pdstack.image.patches import read_series, series_hash
 
 SERIES = default_series_dir()
@@ -327,7 +329,7 @@ def test_sim_image_runs_the_test_engine_and_the_real_router(docker_client, tmp_p
     assert m["labels"]["io.pdstack.router.version"] == "0.3.2"
     assert m["labels"]["io.pdstack.test-engine"] == "true"
     out = _run(c, m["tag"], "command -v pdstack; command -v python3; pdstack sim --help; "
-                            "python3 -m sglang_router.launch_router --help | head -n 3; "
+                            f"{shlex.join([*ROUTER_LAUNCHER, '--help'])} | head -n 3; "  # the plan's router launcher
                             "python3 -c 'import torch; print(\"torch cuda:\", torch.version.cuda)'; "
                             "python3 -c 'from pdstack.testing.sim import parsing; print(\"parsers:\", "
                             "[c.__name__ for c in parsing.classes()])'; "

@@ -34,8 +34,11 @@ def run_agent_gates(url: str, out: Path, cfg: dict, *, tokenizer: str, timeout: 
     cfg = {**DEFAULTS, **{k: v for k, v in cfg.items() if v is not None}}
     if cfg["tools"]:
         print("smoke: tool-call gate ...", file=sys.stderr, flush=True)
+        limit = cfg["admission_limit"]  # checks side by side, never more than the front door lets through at once
         tr = gates_tools.run_tool_gate(url, model=cfg["model"], reasoning=cfg["reasoning"] is not False,
-                                       timeout=timeout, headers=headers)
+                                       timeout=timeout, headers=headers,
+                                       concurrency=min(gates_tools.CONCURRENCY, limit) if limit > 0 else
+                                       gates_tools.CONCURRENCY)
         msg = tr.message
         off = [k for k, v in cfg["parsers"].items() if k in cfg["parsers"] and v is None]
         if not tr.passed and off and not tr.refused:

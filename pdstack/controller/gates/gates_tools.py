@@ -7,6 +7,12 @@ a named function -> exactly that call, "required" -> a call even after a tool re
 must be plain content. With the reasoning parser on, a thinking request (chat_template_kwargs {"thinking": true},
 DeepSeek-V4's switch) must come back with `reasoning_content` apart from `content`, streamed and not. Known upstream
 limitations (tool_cases.KNOWN_UPSTREAM) are probed and reported in `known`, never failing the gate.
+
+The checks are independent requests, so they run side by side (CONCURRENCY at a time, at most the front door's
+admission limit) (as an agent client's do),
+and are recorded in the order above: the first case's pair alone first (a refused API key ends the gate there),
+then the other cases, then the round trip (it needs turn 1's call) beside the reasoning pair, then the known
+limitations. On the sim at 64 tok/s this took the gate from 12.7 s to about 4 s (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import http.client
 import json
 import time
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from pdstack.controller.gates import apikey, tool_cases
@@ -22,6 +29,7 @@ from pdstack.controller.gates.tool_cases import ASK, CASES, KNOWN_UPSTREAM, MARK
 
 THINK_QUESTION = "The secret code for Alice is 4821. What is the secret code for Alice?"
 THINK_MAX_TOKENS = 2048
+CONCURRENCY = 4  # checks in flight at once (at most the front door's max_concurrent_requests: agent_gates.py)
 __all__ = ["ASK", "MARKUP", "TOOL", "TOOL_RESULT", "ToolGateResult", "check_tool_call", "run_tool_gate"]
 
 
@@ -163,10 +171,12 @@ class ToolGateResult:
 
 
 def run_tool_gate(url: str, *, model: str = "default", reasoning: bool = True, timeout: float = 120.0,
-                  max_tokens: int = 512, headers: dict[str, str] | None = None, known: bool = True
-                  ) -> ToolGateResult:
+                  max_tokens: int = 512, headers: dict[str, str] | None = None, known: bool = True,
+                  concurrency: int = CONCURRENCY) -> ToolGateResult:
     """`headers`: sent with every request (the front door's API key, apikey.py). `known`: probe the known upstream
-    limitations too (reported in the result's `known`, never failing it)."""
+    limitations too (reported in the result's `known`, never failing it). `concurrency`: checks in flight at once."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency {concurrency}: want 1 or more")
     t0 = time.monotonic()
     checks: list[Check] = []
     refused: list[str] = []
@@ -181,10 +191,19 @@ def run_tool_gate(url: str, *, model: str = "default", reasoning: bool = True, t
         except (GateHTTPError, OSError, ValueError, KeyError, IndexError, TypeError) as e:
             return f"{type(e).__name__}: {e}"
 
-    def run(name: str, fn) -> None:
+    def timed(fn) -> tuple[str | None, float]:
         t = time.monotonic()
         problem = attempt(fn)
-        checks.append(Check(name, problem is None, problem or "ok", round(time.monotonic() - t, 3)))
+        return problem, round(time.monotonic() - t, 3)
+
+    def run_all(named: list[tuple[str, object]]) -> None:
+        """Run independent checks side by side; record them in the order listed."""
+        if not named:
+            return
+        with ThreadPoolExecutor(max_workers=min(concurrency, len(named))) as pool:
+            results = list(pool.map(lambda nf: timed(nf[1]), named))
+        for (name, _), (problem, secs) in zip(named, results, strict=True):
+            checks.append(Check(name, problem is None, problem or "ok", secs))
 
     first: dict = {}
 
@@ -231,25 +250,24 @@ def run_tool_gate(url: str, *, model: str = "default", reasoning: bool = True, t
             return None
         return go
 
-    for case in CASES:
-        run(case.name, case_check(case, False))
-        run(case.name + "_stream", case_check(case, True))
-        if refused:
-            break
+    pairs = [(case.name + suffix, case_check(case, stream))
+             for case in CASES for suffix, stream in (("", False), ("_stream", True))]
+    run_all(pairs[:2])  # the first case alone: a refused key ends the gate after it
     if not refused:
-        run("tool_result_turn", turn2)
-        if reasoning:
-            run("reasoning", think(False))
-            run("reasoning_stream", think(True))
+        run_all(pairs[2:])
+    if not refused:  # turn 1's call (the first case, non-streamed) is in `first` by now
+        run_all([("tool_result_turn", turn2)]
+                + ([("reasoning", think(False)), ("reasoning_stream", think(True))] if reasoning else []))
     found: list[Known] = []
     if known and not refused and all(c.passed for c in checks):
-        for lim in KNOWN_UPSTREAM:
-            for stream in (False, True):
-                problem = attempt(case_check(lim.case, stream))
-                problem = problem and problem.replace(" (is --tool-call-parser on?)", "")  # it is: the checks passed
-                how = "streamed" if stream else "non-streamed"
-                found.append(Known(lim.name, problem is not None,
-                                   f"{how}: {lim.effect}; seen: {problem}" if problem else
-                                   f"{how}: the call came back intact", lim.upstream))
+        probes = [(lim, stream) for lim in KNOWN_UPSTREAM for stream in (False, True)]
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            seen = list(pool.map(lambda ls: attempt(case_check(ls[0].case, ls[1])), probes))
+        for (lim, stream), problem in zip(probes, seen, strict=True):
+            problem = problem and problem.replace(" (is --tool-call-parser on?)", "")  # it is: the checks passed
+            how = "streamed" if stream else "non-streamed"
+            found.append(Known(lim.name, problem is not None,
+                               f"{how}: {lim.effect}; seen: {problem}" if problem else
+                               f"{how}: the call came back intact", lim.upstream))
     return ToolGateResult(all(c.passed for c in checks), checks, round(time.monotonic() - t0, 3),
                           refused[0] if refused else None, found)

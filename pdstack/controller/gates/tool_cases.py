@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-import jsonschema
+from pdstack.controller.load.schema import jsonschema_module
 
 TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city, for a number of days.",
@@ -155,6 +155,7 @@ def parsed_calls(msg: dict, case: Case) -> tuple[list[str], list[tuple[str, dict
         except ValueError as e:
             problems.append(f"{name} arguments are not JSON ({e}): {raw!r}")
             continue
+        jsonschema = jsonschema_module()
         try:
             jsonschema.validate(args, schema)
         except jsonschema.ValidationError as e:

@@ -172,3 +172,23 @@ def describe(schema: Schema, prefix: str = "") -> list[tuple[str, str, str]]:
         if f.item_schema is not None:
             rows.extend(describe(f.item_schema, p + "[]."))
     return rows
+
+
+def jsonschema_module():
+    """The jsonschema package, imported without `rfc3987_syntax`. jsonschema/_format.py imports that module, where it
+    is installed (here: cyclonedx-python-lib's validation extra, the SBOM tool), to check the `iri` and
+    `iri-reference` formats, and it builds a Lark grammar at import: 1.7 s of `import jsonschema`'s 2.25 s on a
+    2-core machine (`python -X importtime -c 'import jsonschema'`). pdstack never checks formats (no
+    FormatChecker is passed), so those two checkers are not needed; the import is blocked only while jsonschema
+    first loads (its `from rfc3987_syntax import ...` then raises ImportError, which it catches)."""
+    import sys
+
+    if "jsonschema" not in sys.modules and "rfc3987_syntax" not in sys.modules:
+        sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]
+        try:
+            import jsonschema
+        finally:
+            del sys.modules["rfc3987_syntax"]
+    import jsonschema
+
+    return jsonschema

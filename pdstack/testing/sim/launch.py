@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from pdstack.controller.plan.planner import ROUTER_PROGRAM
 from pdstack.errors import PdstackError
 
 LOCALHOST = "127.0.0.1"
@@ -176,6 +177,10 @@ class SimProcess(ServerProcess):
         return body
 
 
+# the plan's router launcher (pdstack.controller.plan.planner.ROUTER_PROGRAM: upstream's, without importing sglang)
+ROUTER_LAUNCHER = [sys.executable, "-c", ROUTER_PROGRAM]
+
+
 class RouterProcess(ServerProcess):
     """The real sglang-router (Rust) in PD mode in front of sim workers."""
 
@@ -187,7 +192,7 @@ class RouterProcess(ServerProcess):
     def __init__(self, prefills: list[SimProcess], decodes: list[SimProcess], log_dir: Path,
                  extra: list[str] | None = None, port: int | None = None, metrics_port: int | None = None):
         self.port, self.metrics_port = port or free_port(), metrics_port or free_port()
-        argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+        argv = [*ROUTER_LAUNCHER, "--pd-disaggregation"]
         for p in prefills:
             argv += ["--prefill", p.url, str(p.bootstrap_port) if p.bootstrap_port else "none"]
         for d in decodes:
