@@ -89,3 +89,22 @@ def test_every_hostside_module_is_installed_by_its_role():
     hostside = {"__init__.py", "facts.py", "probe.py", "watchdog.py", "restart_unit.py", "drain.py",
                 "status_collect.py", "model_fetch.py", "model_store.py", "model_source.py"}
     assert {p.name for p in (ROOT / "pdstack" / "hostside").glob("*.py")} == hostside, sys.version
+
+
+def test_drain_wait_needs_nothing_in_flight_on_two_polls_in_a_row(monkeypatch):
+    """A request the router sent just before `drain.py out` shows up in the server's gauges a moment after an
+    idle reading: one zero then a restart would cut it off (a 502 seen under the whole suite's load). wait_drained
+    takes QUIET_POLLS zeros in a row; a busy reading between zeros starts the count again."""
+    from pdstack.hostside import drain
+
+    readings = iter([0.0, 1.0, 0.0, None, 0.0, 0.0, 5.0])
+    monkeypatch.setattr(drain, "in_flight", lambda url, gauges: next(readings))
+    monkeypatch.setattr(drain, "POLL_S", 0.0)
+    assert drain.QUIET_POLLS == 2
+    out = drain.wait_drained("http://unused/metrics", "server", timeout=60)
+    assert out == {"changed": False, "drained": True, "polls": 6, "in_flight": 0.0}, out
+    # never two in a row before the timeout: not drained, the last reading reported
+    readings = iter([0.0, 3.0] * 1000)
+    monkeypatch.setattr(drain, "POLL_S", 0.001)
+    out = drain.wait_drained("http://unused/metrics", "server", timeout=0.05)
+    assert out["drained"] is False and out["polls"] == 0, out

@@ -283,7 +283,9 @@ def test_restart_of_the_only_prefill_refuses_new_requests_with_503_and_loses_non
     refused = [x for x in results if x["status"] != 200]
     assert refused, "no request met the maintenance switch"
     for x in refused:
-        assert (x["status"], x["retry_after"], x["refusal"]) == (503, "2", "maintenance"), x
+        # when it was sent, seconds into the playbook's run (which phase: the prefill's maintenance, or a decode out)
+        seen = {**x, "sent_s_into_run": round(x["t0"] - t0, 2), "run_s": round(took, 1)}
+        assert (x["status"], x["retry_after"], x["refusal"]) == (503, "2", "maintenance"), seen
         # at once: not queued (the queue times out at 10 s here) nor held until the prefill is back (a restart takes
         # longer); 1.37 s seen under the whole suite's load on 2 cores, ~0.01 s alone
         assert x["seconds"] < 3.0, x
@@ -326,3 +328,44 @@ def test_a_repaired_model_restarts_the_servers_through_the_rolling_restart(two_d
     # each through the rolling restart (roles/serving/tasks/restart.yml: drained, restarted, probed, put back)
     for n in ids:
         assert f"Serving | restart pdstack-server-{n}.service" in full.stdout, n
+
+
+def _router_workers(host: str) -> dict[str, bool]:
+    r = sh(host, "python3", "-c", "import urllib.request; print(urllib.request.urlopen("
+           "'http://127.0.0.1:8001/workers').read().decode())")
+    assert r.returncode == 0, r.stderr
+    return {w["url"]: bool(w.get("is_healthy")) for w in json.loads(r.stdout)["workers"]}
+
+
+def test_a_stopped_server_out_of_the_router_is_started_and_put_back_by_the_serving_phase(two_decode):
+    """What a failed rolling restart leaves (`invoke tune`'s candidate that never starts): the server out of the
+    router and not running. `site.yml --tags serving` (tune's next run; the router play's own put-back is not in
+    it) starts it, waits for /health and puts it back into the router before the next server, restarting nothing
+    else; the front door then answers through it."""
+    host, decode0 = "pdstack-roll-1", "http://pdstack-roll-1:30001"
+    out = sh(host, "python3", "-I", "/usr/local/lib/pdstack/drain.py", "out", "--router", "http://127.0.0.1:8001",
+             "--worker-url", decode0)
+    assert out.returncode == 0 and json.loads(out.stdout)["changed"] is True, (out.stdout, out.stderr)
+    assert sh(host, "systemctl", "stop", "pdstack-server-decode-0.service").returncode == 0
+    assert decode0 not in _router_workers(host)
+    others = {n: container_id(host, f"pdstack-{n}") for n in ("prefill-0", "decode-1")}
+    same = _servers_with_env({n: {"ROLLOUT_TEST": "1"} for n in ("prefill-0", "decode-0", "decode-1")})
+    r = playbook(TWO, "--tags", "serving", "-e", same)
+    assert r.returncode == 0, r.stdout[-6000:]
+    assert "Serving | back into the router that serves, wait until it lists it healthy decode-0" in r.stdout
+    listed = _router_workers(host)
+    assert listed == {"http://pdstack-roll-1:30000": True, decode0: True, "http://pdstack-roll-1:30002": True}, listed
+    assert {n: container_id(host, f"pdstack-{n}") for n in others} == others  # nothing else restarted
+    assert "Serving | restart pdstack-server-" not in r.stdout, changed_tasks(r.stdout)
+
+    # the router sends work to it again: decode-0's own count of received requests grows
+    def received() -> int:
+        st = sh(host, "python3", "-c", "import urllib.request; print(urllib.request.urlopen("
+                "'http://127.0.0.1:30001/_sim/state').read().decode())")
+        return json.loads(st.stdout)["received"]
+
+    before = received()
+    for _ in range(6):  # round_robin (the inventory's policy) over both decodes
+        status, text = completion(two_decode, max_tokens=4)
+        assert status == 200, text[:500]
+    assert received() > before, "the router sent nothing to the decode it put back"

@@ -12,7 +12,8 @@ Subcommands (each prints one JSON object on stdout; exit 0 = done, 1 = failed wi
   mode         --router URL --drain router|frontdoor --socket PATH: which way applies now ("none" when no router
                answers /workers yet, a first deploy, or the front door's socket is missing)
   out          --router URL --worker-url URL [--timeout S]: out of the router (a worker it does not list: unchanged)
-  wait         --metrics URL --gauges server|frontdoor [--timeout S]: poll the in-flight gauges until they sum to 0;
+  wait         --metrics URL --gauges server|frontdoor [--timeout S]: poll the in-flight gauges until they sum to 0
+               on two polls in a row, a second apart (a request routed just before `out` is counted by then);
                {"drained": false} after the timeout is not a failure: the restart goes on (docker stop's grace)
   in           --router URL --worker JSON [--timeout S]: back into the router, wait until it lists it healthy
   maintenance  on|off --socket PATH --acl FILE: the front door's switch (`add acl` / `del acl` on the runtime API)
@@ -44,6 +45,8 @@ GAUGES = {
                             r"\{[^}]*proxy=\"pdstack_router\"[^}]*\}\s+(\S+)$"),
 }
 POLL_S = 1.0
+# polls in a row that must see nothing in flight (wait_drained)
+QUIET_POLLS = 2
 
 
 class Failed(Exception):
@@ -147,11 +150,16 @@ def in_flight(metrics_url: str, gauges: str) -> float | None:
 
 
 def wait_drained(metrics_url: str, gauges: str, timeout: float) -> dict:
+    """Drained: the gauges sum to 0 on QUIET_POLLS polls in a row (POLL_S apart). One zero is not enough: a request
+    the router sent just before `out` took the server out (or one still in a socket, not yet counted) shows up in
+    the gauges a moment later, and a restart then would cut it off (the router answers it 502)."""
     last: list[float | None] = [None]
+    zeros = [0]
 
     def drained() -> bool:
         last[0] = in_flight(metrics_url, gauges)
-        return last[0] == 0
+        zeros[0] = zeros[0] + 1 if last[0] == 0 else 0
+        return zeros[0] >= QUIET_POLLS
 
     polls = _until(drained, timeout)
     return {"changed": False, "drained": bool(polls), "polls": polls, "in_flight": last[0]}
