@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "sim"))
 from sim_helpers import start_pd  # noqa: E402
@@ -85,9 +86,15 @@ def test_extra_vars_reach_the_gate(tmp_path):
     # the parsers the plan renders for inventory/test's deepseek_v4 model, so the agent gates see a healthy stack
     parsers = ["--tool-call-parser", "deepseekv4", "--reasoning-parser", "deepseek-v4"]
     stack, s = start_pd(tmp_path, sim_extra=parsers, decode_extra=["--recall-horizon", "3000"])
+    # inventory/test's own pdstack_smoke, with the tokenizer named: without it the gate reads the model phase's copy,
+    # build/state/one-host/tokenizer, which only tests/test_site.py's deploy writes (a run where that deploy had not
+    # happened yet, or failed, failed here for it)
+    own = yaml.safe_load((ROOT / "inventory/test/common/group_vars/all/smoke.yml").read_text())["pdstack_smoke"]
+    assert "tokenizer" not in own and own["min_horizon"] == 4000, own
+    own = {"pdstack_smoke": {**own, "tokenizer": str(TOKENIZER_DIR)}}
     with stack:
         # inventory/test: grid 1K..4K, min_horizon 4000 -> horizon 2000 fails the gate
-        r = smoke_phase(tmp_path, s.router.url)
+        r = smoke_phase(tmp_path, s.router.url, "-e", json.dumps(own))
         assert r.returncode != 0, r.stdout[-4000:]
         assert "recall  FAIL  horizon 2000 tokens (min 4000; grid 1K..4K x 3 depths)" in r.stdout, r.stdout[-4000:]
         # the same deploy with a smaller grid and gate given with -e: it runs that grid, and passes
