@@ -18,7 +18,7 @@ import yaml
 
 from pdstack.errors import PdstackError
 from pdstack.testing import testhost
-from pdstack.testing.testhost import baseimage
+from pdstack.testing.testhost import baseimage, zipimport_cache
 from pdstack.testing.testhost import hosts as testhosts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,6 +40,57 @@ def test_base_image_tag_follows_the_recipe(monkeypatch):
     assert testhost.base_image_tag() == tag
     monkeypatch.setattr(baseimage, "INCLUDE", (*baseimage.INCLUDE, "less"))
     assert testhost.base_image_tag() != tag
+
+
+def _zip_import_in_a_fresh_python(tmp_path, cache_dir, body: str) -> subprocess.CompletedProcess:
+    """A new interpreter with the cache installed (as the test host's .pth line does) imports `zmod` from a zip."""
+    import zipfile
+
+    z = tmp_path / f"payload-{uuid.uuid4().hex[:6]}.zip"  # a new path every time, like AnsiballZ's temp zip
+    with zipfile.ZipFile(z, "w") as f:
+        f.writestr("zmod.py", body)
+    code = (f"import sys; sys.path[:0] = [{str(REPO)!r}, {str(z)!r}]; "
+            "from pdstack.testing.testhost import zipimport_cache as c; "
+            f"c.CACHE_DIR = {str(cache_dir)!r}; c.install(); import zmod; print(zmod.where())")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+def test_zipimport_cache_compiles_once_per_source_and_keeps_each_runs_path(tmp_path):
+    import marshal
+
+    cache = tmp_path / "cache"
+    body = "def where():\n    return where.__code__.co_filename\n"
+    one = _zip_import_in_a_fresh_python(tmp_path, cache, body)
+    assert one.returncode == 0 and "payload-" in one.stdout, one.stderr
+    [entry] = cache.iterdir()
+    # what the next run executes comes from the cache: swap the entry for other code and the next import runs it,
+    # under that run's own zip path (tracebacks point at what ran), not the first run's
+    entry.write_bytes(marshal.dumps(compile("def where():\n    return 'cached ' + where.__code__.co_filename\n",
+                                            "elsewhere.py", "exec")))
+    two = _zip_import_in_a_fresh_python(tmp_path, cache, body)
+    assert two.returncode == 0, two.stderr
+    assert two.stdout.startswith("cached ") and "payload-" in two.stdout and two.stdout.split()[1] != one.stdout.strip()
+    # a changed source is another entry; a torn or foreign cache file is compiled again, as without the cache
+    assert _zip_import_in_a_fresh_python(tmp_path, cache, body + "X = 1\n").returncode == 0
+    assert len(list(cache.iterdir())) == 2
+    for f in cache.iterdir():
+        f.write_bytes(b"\xe3\x00")
+    three = _zip_import_in_a_fresh_python(tmp_path, cache, body)
+    assert three.returncode == 0 and three.stdout.startswith(str(tmp_path)), three.stderr
+
+
+def test_zipimport_cache_without_a_writable_directory_compiles_as_before(tmp_path):
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("")
+    r = _zip_import_in_a_fresh_python(tmp_path, blocked / "cache", "def where():\n    return 'ok'\n")
+    assert (r.returncode, r.stdout.strip()) == (0, "ok"), r.stderr
+
+
+def test_base_image_installs_the_zipimport_cache_for_every_python3():
+    files = baseimage.recipe()["files"]
+    dist = "usr/lib/python3/dist-packages"
+    assert files[f"{dist}/pdstack_zipimport_cache.pth"] == "import pdstack_zipimport_cache\n"
+    assert "zipimport._compile_source = compile_source" in files[f"{dist}/pdstack_zipimport_cache.py"]
 
 
 @pytest.mark.parametrize("bad", ["", "-x", "a b", "a/b", "x" * 49])
@@ -135,6 +186,20 @@ def test_hosts_answer_ansible_ping(hosts, tmp_path):
         assert any(line.startswith(f"{name} | SUCCESS") and "pong" in line for line in res.stdout.splitlines()), (
             res.stdout
         )
+
+    # the base image's zipimport cache ran inside Ansible's own module run, and a second payload (another temp zip
+    # path) reuses what the first compiled
+    def cached(name: str) -> set[str]:
+        out = subprocess.run(["docker", "exec", name, "ls", zipimport_cache.CACHE_DIR], capture_output=True,
+                             text=True, check=True).stdout
+        return set(out.split())
+
+    first = {n: cached(n) for n in names}
+    assert all(len(v) > 20 for v in first.values()), {n: len(v) for n, v in first.items()}
+    again = subprocess.run([str(ansible), "-i", str(inv), "all", "-m", "ansible.builtin.ping", "-o"], cwd=REPO,
+                           env=env, capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert {n: cached(n) for n in names} == first
 
 
 @pytest.mark.slow
