@@ -194,6 +194,33 @@ def test_locked_base_is_the_prod_default_and_prod_only(monkeypatch):
         resolve_base(object(), "sim", "locked")
 
 
+def test_the_locked_base_builds_in_a_clone_without_build_dir(tmp_path, monkeypatch):
+    """`invoke build --flavor prod` in a fresh clone: no build/ yet (its context's temp dir goes there). Everything
+    around the context is stubbed: the base missing, the wheel download and the wheel server no-ops."""
+    import contextlib
+
+    from pdstack.controller.imagebuild import bases
+
+    seen = {}
+
+    def docker_build(c, ctx, tag, args, what):
+        seen["files"] = sorted(p.name for p in ctx.iterdir())
+        seen["args"] = args
+
+    missing = tmp_path / "clone" / "build"
+    monkeypatch.setattr(bases, "BUILD_DIR", missing)
+    monkeypatch.setattr(bases, "image_exists", lambda c, tag: False)
+    monkeypatch.setattr(bases, "ensure_pybase", lambda c: "pdstack/pybase:test")
+    monkeypatch.setattr(bases, "lock", lambda name: contextlib.nullcontext())
+    monkeypatch.setattr(bases, "download_locked", lambda lock, dest: None)
+    monkeypatch.setattr(bases, "serve_wheels", lambda c, d: contextlib.nullcontext("http://172.17.0.1:1/"))
+    monkeypatch.setattr(bases, "docker_build", docker_build)
+    tag = ensure_locked_base(object())
+    assert tag.startswith(LOCKED_BASE_REPO + ":") and missing.is_dir()
+    assert seen["files"] == ["Dockerfile", "prod-image.lock"] and seen["args"]["BASE"] == "pdstack/pybase:test"
+    assert list(missing.iterdir()) == []  # the context's temp dir is gone again
+
+
 def test_sim_context_pins_every_wheel_by_hash_and_holds_none_of_the_cache(tmp_path, monkeypatch):
     from pdstack.controller.imagebuild import contexts
 

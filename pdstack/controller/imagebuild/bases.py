@@ -75,6 +75,7 @@ def ensure_locked_base(c=None) -> str:
         if image_exists(c, tag):
             return tag
         download_locked(PROD_LOCK, PROD_WHEELS)
+        BUILD_DIR.mkdir(parents=True, exist_ok=True)  # a fresh clone has no build/ (`invoke build` failed there)
         with tempfile.TemporaryDirectory(prefix="pdstack-ctx-", dir=BUILD_DIR) as tmp, \
                 serve_wheels(c, PROD_WHEELS) as url:
             ctx = Path(tmp)
