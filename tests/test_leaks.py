@@ -22,7 +22,10 @@ LEAKY = textwrap.dedent('''
         subprocess.Popen(["sleep", "3607"], start_new_session=True)  # what ManagedProcess does, never stopped
 
     def test_leaks_an_orphan():
-        subprocess.run(["sh", "-c", "sleep 3608 &"], check=True)  # re-parented to init: found by its env marker
+        # re-parented to init: found by its env marker. The test returns once the orphan runs `sleep` (under the
+        # whole suite's load the detector's end-of-test scan once came before it and named the next test)
+        subprocess.run(["sh", "-c", "sleep 3608 & while ! pgrep -fx 'sleep 3608' >/dev/null; do sleep 0.05; done"],
+                       check=True, timeout=30)
 
     def test_stops_what_it_started():
         p = subprocess.Popen(["sleep", "3609"])
