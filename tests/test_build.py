@@ -199,7 +199,7 @@ def test_the_locked_base_builds_in_a_clone_without_build_dir(tmp_path, monkeypat
     around the context is stubbed: the base missing, the wheel download and the wheel server no-ops."""
     import contextlib
 
-    from pdstack.controller.imagebuild import bases
+    from pdstack.controller.imagebuild import bases, common
 
     seen = {}
 
@@ -208,7 +208,7 @@ def test_the_locked_base_builds_in_a_clone_without_build_dir(tmp_path, monkeypat
         seen["args"] = args
 
     missing = tmp_path / "clone" / "build"
-    monkeypatch.setattr(bases, "BUILD_DIR", missing)
+    monkeypatch.setattr(common, "BUILD_DIR", missing)
     monkeypatch.setattr(bases, "image_exists", lambda c, tag: False)
     monkeypatch.setattr(bases, "ensure_pybase", lambda c: "pdstack/pybase:test")
     monkeypatch.setattr(bases, "lock", lambda name: contextlib.nullcontext())

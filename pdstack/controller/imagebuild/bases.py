@@ -8,16 +8,14 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
-from pathlib import Path
 
 from pdstack.controller.imagebuild.common import (
-    BUILD_DIR,
     IMAGES,
     LABEL_PREFIX,
     PYBASE_REPO,
     ROOT,
     BuildError,
+    context_dir,
     digest,
     echo,
     lock,
@@ -75,10 +73,7 @@ def ensure_locked_base(c=None) -> str:
         if image_exists(c, tag):
             return tag
         download_locked(PROD_LOCK, PROD_WHEELS)
-        BUILD_DIR.mkdir(parents=True, exist_ok=True)  # a fresh clone has no build/ (`invoke build` failed there)
-        with tempfile.TemporaryDirectory(prefix="pdstack-ctx-", dir=BUILD_DIR) as tmp, \
-                serve_wheels(c, PROD_WHEELS) as url:
-            ctx = Path(tmp)
+        with context_dir() as ctx, serve_wheels(c, PROD_WHEELS) as url:
             shutil.copy2(IMAGES / "base-sglang" / "Dockerfile", ctx / "Dockerfile")
             shutil.copy2(PROD_LOCK, ctx / "prod-image.lock")
             docker_build(c, ctx, tag, {"BASE": pybase, "WHEELS_URL": url, "LOCK_SHA256": sha256_file(PROD_LOCK)},

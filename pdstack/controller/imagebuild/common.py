@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,3 +58,12 @@ def rel(p: Path) -> str:
 def lock(name: str, say=echo):
     """One build of `name` at a time on this machine (CI and engineers share one engine): /run/lock/pdstack-NAME.lock"""
     return exclusive(LOCK_DIR / f"pdstack-{name}.lock", f"{name} build", say)
+
+
+@contextlib.contextmanager
+def context_dir() -> Iterator[Path]:
+    """A docker build context: a temporary directory under build/ (made first: a fresh clone has none), removed
+    after the build."""
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="pdstack-ctx-", dir=BUILD_DIR) as tmp:
+        yield Path(tmp)

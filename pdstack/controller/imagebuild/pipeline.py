@@ -5,13 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from pdstack.controller.imagebuild.bases import LOCKED_BASE_REPO, PROD_LOCK, PROD_WHEELS, resolve_base
-from pdstack.controller.imagebuild.common import BUILD_DIR, CUDA_ARCHS, FLAVORS, BuildError, echo, lock, rel
+from pdstack.controller.imagebuild.common import CUDA_ARCHS, FLAVORS, BuildError, context_dir, echo, lock, rel
 from pdstack.controller.imagebuild.contexts import prod_context, sim_context, sim_wheels
 from pdstack.controller.imagebuild.engine import client, docker_build, image_exists
 from pdstack.controller.imagebuild.inputs import compute_inputs, image_tag
@@ -44,9 +43,7 @@ def build(flavor: str = "prod", base: str | None = None, save: str | None = None
             noop = image_exists(c, tag)
             if not noop:
                 args = {"BASE": base_ref, "INPUTS_SHA256": inputs["sha256"], "GIT_REVISION": git_revision()}
-                BUILD_DIR.mkdir(parents=True, exist_ok=True)
-                with tempfile.TemporaryDirectory(prefix="pdstack-ctx-", dir=BUILD_DIR) as tmp:
-                    ctx = Path(tmp)
+                with context_dir() as ctx:
                     if flavor == "prod":
                         prod_context(ctx, series)
                         pins = inputs["pins"]
