@@ -86,6 +86,16 @@ ensure_venv() {
   echo "$want" > "$stamp"
 }
 
+ensure_zipimport_cache() {
+  # The localhost tasks of every playbook run import Ansible's module_utils from a zip, which Python never caches:
+  # pdstack/testing/testhost/zipimport_cache.py (the test hosts have it too) caches that bytecode for the venv.
+  local site
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  "$VENV/bin/python" -c 'import sys; from pdstack.testing.testhost import zipimport_cache as z
+if z.install_into(sys.argv[1], sys.argv[2]): print(f"[dev.sh] zipimport cache: installed into {sys.argv[1]}", file=sys.stderr)' \
+    "$site" "$VENV/zipimport-cache"
+}
+
 ensure_collections() {
   # Galaxy is unreachable; the `ansible` wheel on PyPI carries the collections. Extract only those we use.
   local stamp="$COLLECTIONS/.pdstack-$ANSIBLE_WHEEL_VERSION"
@@ -114,6 +124,7 @@ EOF
 setup() {
   apt_packages
   ensure_venv
+  ensure_zipimport_cache
   ensure_collections
   ensure_dockerd
   export PATH="$VENV/bin:$PATH"

@@ -86,6 +86,27 @@ def test_zipimport_cache_without_a_writable_directory_compiles_as_before(tmp_pat
     assert (r.returncode, r.stdout.strip()) == (0, "ok"), r.stderr
 
 
+def test_the_venv_install_caches_zip_imports_in_a_fresh_python_and_is_idempotent(tmp_path):
+    """What ./dev.sh does for its venv: the two files in a site directory; a new interpreter that reads that site
+    directory (as a venv's python reads its site-packages) caches what it imports from a zip, in the given dir."""
+    import zipfile
+
+    site_dir, cache = tmp_path / "site", tmp_path / "cache"
+    site_dir.mkdir()
+    assert zipimport_cache.install_into(str(site_dir), str(cache)) is True
+    assert zipimport_cache.install_into(str(site_dir), str(cache)) is False  # the second run writes nothing
+    z = tmp_path / "payload.zip"
+    with zipfile.ZipFile(z, "w") as f:
+        f.writestr("zmod2.py", "X = 41 + 1\n")
+    code = (f"import site, sys; site.addsitedir({str(site_dir)!r}); sys.path.insert(0, {str(z)!r}); "
+            "import zipimport, zmod2; print(zipimport._compile_source.__module__, zmod2.X)")
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout.split()) == (0, ["pdstack_zipimport_cache", "42"]), r.stderr
+    assert len(list(cache.iterdir())) == 1
+    (site_dir / "pdstack_zipimport_cache.pth").write_text("import os\n")  # an edited or stale line is rewritten
+    assert zipimport_cache.install_into(str(site_dir), str(cache)) is True
+
+
 def test_base_image_installs_the_zipimport_cache_for_every_python3():
     files = baseimage.recipe()["files"]
     dist = "usr/lib/python3/dist-packages"
