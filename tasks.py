@@ -56,18 +56,39 @@ def lint(c: Context, fix: bool = False) -> None:
 
 @task(help={"k": "only tests matching this pytest -k expression", "fast": "skip tests marked slow",
             "no_lint": "skip the linters", "workers": "pytest-xdist worker processes (0: one process, no xdist)"})
-def test(c: Context, k: str = "", fast: bool = False, no_lint: bool = False, workers: int = 2) -> None:
-    """Lint, then the whole test suite (integration tests included; they are marked slow and run here too), on
-    `workers` pytest-xdist processes: the tests of the pdstack-test-N hosts on one, the rest beside them."""
-    if not no_lint:
-        lint(c)
+def test(c: Context, k: str = "", fast: bool = False, no_lint: bool = False, workers: int = 3) -> None:
+    """Lint and the whole test suite (integration tests included; they are marked slow and run here too), on
+    `workers` pytest-xdist processes: each group of shared-host test files (pyproject.toml's
+    pdstack_shared_host_tests) on one, the rest beside them. The linters (`invoke lint`, about a minute of one core)
+    run beside pytest; their output follows pytest's, and either failing fails the task."""
+    import subprocess
+    import tempfile
+
     args = ["-m", "not slow"] if fast else []
     if k:
         args += ["-k", k]
     if workers > 0:
         args += ["-n", str(workers), "--dist", "loadgroup", "--durations", "30"]
+    linting, lint_log = None, tempfile.TemporaryFile()
+    if not no_lint and not c.config.run.dry:
+        print(f"{BIN}/invoke lint  (beside pytest; its output follows pytest's)", flush=True)
+        linting = subprocess.Popen([str(BIN / "invoke"), "lint"], cwd=ROOT, env={**os.environ, **_env()},
+                                   stdout=lint_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     with c.cd(str(ROOT)):
-        c.run(f"{PY} -m pytest {' '.join(map(shlex.quote, args))}", echo=True, pty=sys.stdout.isatty(), env=_env())
+        r = c.run(f"{PY} -m pytest {' '.join(map(shlex.quote, args))}", echo=True, pty=sys.stdout.isatty(),
+                  env=_env(), warn=True)
+    failed = [] if r is None or r.ok else [f"pytest (exit {r.exited})"]
+    if linting is not None:
+        lint_rc = linting.wait()
+        lint_log.seek(0)
+        sys.stdout.write(f"\n==== invoke lint (ran beside pytest): exit {lint_rc} ====\n")
+        sys.stdout.write(lint_log.read().decode("utf-8", "replace"))
+        sys.stdout.flush()
+        if lint_rc:
+            failed.append(f"invoke lint (exit {lint_rc})")
+    lint_log.close()
+    if failed:
+        raise Exit(f"invoke test: {' and '.join(failed)} failed", 1)
 
 
 @task(help={"inventory": "inventory directory (default: ansible.cfg's, the local test host)",

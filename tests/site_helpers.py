@@ -1,5 +1,5 @@
-"""Helpers of the tests that run site.yml against systemd test hosts (tests/test_site.py, tests/test_site_rollouts.py,
-tests/test_image_pull.py)."""
+"""Helpers of the tests that run site.yml against systemd test hosts (tests/test_site.py, tests/test_site_three.py,
+tests/test_site_rollouts.py, tests/test_image_pull.py, tests/test_site_model.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import os
 import re
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -104,3 +106,33 @@ def booted_hosts(prefix: str, count: int):
         yield {row["name"]: row["ip"] for row in testhost.status(prefix)}
     finally:
         testhost.down(prefix=prefix)
+
+
+def wait_serving(router: str, deadline_s: float) -> tuple[int, str]:
+    end = time.monotonic() + deadline_s
+    while True:
+        code, body = completion(router, timeout=20)
+        if code == 200 or time.monotonic() > end:
+            return code, body
+        time.sleep(2)
+
+
+def await_watchdog_restart(host: str, before: str | None, watchdog_host: str) -> tuple[float, float]:
+    """(seconds, bound) until the watchdog (on `watchdog_host`) replaced `host`'s wedged pdstack-decode-0 container
+    `before`. docs/failure.md's bound for inventory/test (probe every 5 s, 2 failures before a restart, 5 s first-token
+    deadline) + 15 s for the unit's restart (docker stop/run of the sim); past it the test fails with the journal."""
+    from pdstack.hostside.watchdog import worst_case_restart_s
+
+    wd = yaml.safe_load((ROOT / "inventory/test/common/group_vars/all/watchdog.yml").read_text())
+    bound = worst_case_restart_s(interval_s=wd["watchdog_interval_s"],
+                                 failures_before_restart=wd["watchdog_failures_before_restart"],
+                                 first_token_timeout_s=wd["watchdog_probe_first_token_timeout_s"],
+                                 stall_timeout_s=wd["watchdog_probe_stall_timeout_s"], servers=2)
+    wedged = time.monotonic()
+    while time.monotonic() < wedged + bound + 15:
+        cur = container_id(host, "pdstack-decode-0")
+        if cur and cur != before:
+            return time.monotonic() - wedged, bound
+        time.sleep(1)
+    journal = sh(watchdog_host, "journalctl", "-u", "pdstack-watchdog", "-n", "30", "--no-pager").stdout
+    pytest.fail(f"the watchdog on {watchdog_host} did not restart decode on {host} within {bound} + 15 s:\n{journal}")
