@@ -61,6 +61,8 @@ def test(c: Context, k: str = "", fast: bool = False, no_lint: bool = False, wor
     `workers` pytest-xdist processes: each group of shared-host test files (pyproject.toml's
     pdstack_shared_host_tests) on one, the rest beside them. The linters (`invoke lint`, about a minute of one core)
     run beside pytest; their output follows pytest's, and either failing fails the task."""
+    import contextlib
+    import signal
     import subprocess
     import tempfile
 
@@ -73,10 +75,18 @@ def test(c: Context, k: str = "", fast: bool = False, no_lint: bool = False, wor
     if not no_lint and not c.config.run.dry:
         print(f"{BIN}/invoke lint  (beside pytest; its output follows pytest's)", flush=True)
         linting = subprocess.Popen([str(BIN / "invoke"), "lint"], cwd=ROOT, env={**os.environ, **_env()},
-                                   stdout=lint_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    with c.cd(str(ROOT)):
-        r = c.run(f"{PY} -m pytest {' '.join(map(shlex.quote, args))}", echo=True, pty=sys.stdout.isatty(),
-                  env=_env(), warn=True)
+                                   stdout=lint_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)  # a group of its own: killed whole below
+    try:
+        with c.cd(str(ROOT)):
+            r = c.run(f"{PY} -m pytest {' '.join(map(shlex.quote, args))}", echo=True, pty=sys.stdout.isatty(),
+                      env=_env(), warn=True)
+    except BaseException:  # Ctrl-C, or invoke itself failing: the linters do not outlive the task
+        if linting is not None:
+            with contextlib.suppress(ProcessLookupError):  # invoke lint and the linter it runs
+                os.killpg(linting.pid, signal.SIGKILL)
+            linting.wait()
+        raise
     failed = [] if r is None or r.ok else [f"pytest (exit {r.exited})"]
     if linting is not None:
         lint_rc = linting.wait()
