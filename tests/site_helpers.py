@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -94,6 +95,18 @@ def saved_sim_image() -> dict:
     engine_or_skip()
     from pdstack.controller.imagebuild import build
     return build("sim", save=str(ROOT / "build" / "images" / "sim.tar"))
+
+
+def layout_copy(layout: str, dest: Path) -> Path:
+    """inventory/test/<layout> copied to `dest` (its group_vars symlink followed), the model lock's path made
+    absolute (in the layout it is relative to inventory/test/<layout>): a copy a test may edit. Its directory name is
+    the layout's name for the controller's state (build/state/<name>)."""
+    shutil.copytree(ROOT / "inventory" / "test" / layout, dest, symlinks=False)
+    model = dest / "group_vars" / "all" / "model.yml"
+    m = yaml.safe_load(model.read_text())
+    m["pdstack_model"]["source"]["lock"] = str(ROOT / "inventory" / "locks" / "pdstack-sim.json")
+    model.write_text(yaml.safe_dump(m, sort_keys=False))
+    return dest
 
 
 def booted_hosts(prefix: str, count: int):

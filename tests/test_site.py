@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import threading
 import time
@@ -39,6 +38,7 @@ from site_helpers import (
     completion,
     container_id,
     host_file,
+    layout_copy,
     playbook,
     post,
     recap,
@@ -69,12 +69,7 @@ def hosts(sim_image):
 
 
 def broken_copy(tmp_path: Path, layout: str, edit) -> Path:
-    inv = tmp_path / layout
-    shutil.copytree(ROOT / "inventory" / "test" / layout, inv, symlinks=False)
-    model = inv / "group_vars" / "all" / "model.yml"  # its lock path is relative to inventory/test/<layout>
-    m = yaml.safe_load(model.read_text())
-    m["pdstack_model"]["source"]["lock"] = str(ROOT / "inventory" / "locks" / "pdstack-sim.json")
-    model.write_text(yaml.safe_dump(m, sort_keys=False))
+    inv = layout_copy(layout, tmp_path / layout)
     f = inv / "host_vars" / "pdstack-test-1" / "servers.yml"
     data = yaml.safe_load(f.read_text())
     edit(data["pdstack_servers"])

@@ -13,11 +13,9 @@ Its hosts have a prefix of their own (pdstack-three), so this file runs beside t
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 from site_helpers import (
     ROOT,
     await_watchdog_restart,
@@ -25,6 +23,7 @@ from site_helpers import (
     completion,
     container_id,
     host_file,
+    layout_copy,
     playbook,
     post,
     saved_sim_image,
@@ -47,17 +46,12 @@ def hosts():
 def one_host_on(host: str, dest: Path) -> Path:
     """inventory/test/one-host with its one host renamed to `host`: the same layout, under a directory name of its
     own (its controller state is build/state/<that name>, apart from tests/test_site.py's one-host runs)."""
-    src = ROOT / "inventory" / "test" / "one-host"
-    shutil.copytree(src, dest, symlinks=False)
+    layout_copy("one-host", dest)
     (dest / "host_vars" / "pdstack-test-1").rename(dest / "host_vars" / host)
     hosts_yml = dest / "hosts.yml"
     text = hosts_yml.read_text()
     assert text.count("pdstack-test-1") == 3, text  # all:hosts, router and monitoring
     hosts_yml.write_text(text.replace("pdstack-test-1", host))
-    model = dest / "group_vars" / "all" / "model.yml"  # its lock path is relative to inventory/test/<layout>
-    m = yaml.safe_load(model.read_text())
-    m["pdstack_model"]["source"]["lock"] = str(ROOT / "inventory" / "locks" / "pdstack-sim.json")
-    model.write_text(yaml.safe_dump(m, sort_keys=False))
     return dest
 
 
