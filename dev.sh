@@ -28,7 +28,7 @@ apt_packages() {
   # pushes to and pulls from (Docker Hub is unreachable, so no registry image);
   # iproute2/numactl: host facts; python3-venv: the venv; nginx: the local model mirror the sim inventories'
   # model phase fetches from (pdstack/testing/mirror.py); rsync: the model phase's rsync source.
-  local want=(python3 python3-venv python3-dev gcc git patch debootstrap docker.io docker-registry prometheus prometheus-node-exporter haproxy nftables iproute2 numactl curl ca-certificates rsync nginx)
+  local want=(python3 python3-venv python3-dev gcc git patch openssh-client debootstrap docker.io docker-registry prometheus prometheus-node-exporter haproxy nftables iproute2 numactl curl ca-certificates rsync nginx)
   local missing=()
   for p in "${want[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
   if [ ${#missing[@]} -gt 0 ]; then

@@ -18,7 +18,7 @@ import yaml
 
 from pdstack.errors import PdstackError
 from pdstack.testing import testhost
-from pdstack.testing.testhost import baseimage, zipimport_cache
+from pdstack.testing.testhost import access, baseimage, zipimport_cache
 from pdstack.testing.testhost import hosts as testhosts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,19 +120,34 @@ def test_prefix_is_checked(bad):
         testhosts.check_prefix(bad)
 
 
-def test_inventory_reaches_hosts_through_docker_exec(tmp_path):
+def test_inventory_reaches_hosts_over_ssh_through_docker_exec(tmp_path):
+    """The written inventory carries the test inventories' own connection variables (connection.yml, one file)."""
     inv = testhost.inventory_for(["h-1", "h-2"])
     path = testhost.write_inventory(inv, tmp_path / "inv.yml")
     loaded = yaml.safe_load(path.read_text())
     assert loaded == inv
-    assert loaded["all"]["vars"] == {
-        "ansible_connection": "community.docker.docker",
-        "ansible_python_interpreter": "/usr/bin/python3",
-    }
+    conn = yaml.safe_load((REPO / "inventory/test/common/group_vars/all/connection.yml").read_text())
+    assert loaded["all"]["vars"] == {**conn, "ansible_python_interpreter": "/usr/bin/python3"}
+    assert conn["ansible_connection"] == "ssh" and conn["ansible_user"] == "root"
+    assert 'ProxyCommand="docker exec -i %h /usr/sbin/sshd -i"' in conn["ansible_ssh_common_args"]
+    assert conn["ansible_ssh_private_key_file"].endswith("/build/testhost/ssh/id_ed25519")
     assert loaded["all"]["children"]["testhosts"]["hosts"] == {
         "h-1": {"ansible_host": "h-1"},
         "h-2": {"ansible_host": "h-2"},
     }
+    # the demo's inventory reads the same file
+    local = REPO / "inventory/local/group_vars/all/connection.yml"
+    assert local.is_symlink() and local.resolve() == (REPO / "inventory/test/common/group_vars/all/connection.yml")
+
+
+def test_the_key_is_made_once_and_kept(tmp_path):
+    key = tmp_path / "ssh" / "id_ed25519"
+    pub = access.ensure_key(key)
+    assert pub.startswith("ssh-ed25519 ") and pub.endswith(" pdstack test hosts")
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+    before = key.read_bytes()
+    assert access.ensure_key(key) == pub and key.read_bytes() == before  # a second call makes nothing new
+    assert sorted(p.name for p in key.parent.iterdir()) == [".lock", "id_ed25519", "id_ed25519.pub"]
 
 
 # ------------------------------------------------------------------------------------------------ slow (real Docker)
@@ -221,6 +236,11 @@ def test_hosts_answer_ansible_ping(hosts, tmp_path):
                            env=env, capture_output=True, text=True, timeout=180)
     assert again.returncode == 0, again.stdout + again.stderr
     assert {n: cached(n) for n in names} == first
+    # it came over SSH (sshd -i through docker exec): a session of root's, which docker exec alone never opens
+    for name in names:
+        log = subprocess.run(["docker", "exec", name, "journalctl", "-q", "--no-pager", "-t", "sshd"],
+                             capture_output=True, text=True, check=True).stdout
+        assert "Accepted publickey for root" in log, log[-2000:]
 
 
 @pytest.mark.slow
@@ -233,6 +253,11 @@ def test_second_up_changes_nothing(engine, hosts):
 
     before = snapshot()
     assert testhost.up(count=2, prefix=prefix) == names
+    # the controller's key, authorized by each up, is there once
+    key = access.KEY.with_name(access.KEY.name + ".pub").read_text().strip()
+    for name in names:
+        lines = engine.containers.get(name).exec_run(["cat", "/root/.ssh/authorized_keys"]).output.decode().splitlines()
+        assert lines.count(key) == 1, lines
     assert snapshot() == before
 
 

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from pdstack.testing import mirror
+from pdstack.testing.testhost import access
 from pdstack.testing.testhost.baseimage import ensure_base_image
 from pdstack.testing.testhost.common import DEFAULT_PREFIX, LABEL, TesthostError, client, echo
 
@@ -206,6 +207,9 @@ def up(count: int = 1, prefix: str = DEFAULT_PREFIX) -> list[str]:
         what = ", ".join(filter(None, [created and f"created {len(created)}", started and f"started {len(started)}"]))
         echo(f"{what}; waiting for systemd")
     _wait_booted(c, names)
+    public_key = access.ensure_key()
+    for name in names:  # Ansible reaches them over SSH (access.py), with this checkout's key
+        access.authorize(c.containers.get(name), public_key)
     extra = sorted(
         (ct.name for ct in c.containers.list(all=True, filters=_filters(prefix)) if ct.name not in names),
         key=_host_index,

@@ -1,4 +1,4 @@
-"""The Ansible inventory of the test hosts (community.docker.docker connection: `docker exec`, no SSH)."""
+"""The Ansible inventory of the test hosts (over SSH through `docker exec`: access.py, connection.yml)."""
 
 from __future__ import annotations
 
@@ -6,19 +6,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pdstack.testing.testhost import access
 from pdstack.testing.testhost.common import DEFAULT_PREFIX
 from pdstack.testing.testhost.hosts import status
 
 
 def inventory_for(names: list[str], group: str = "testhosts") -> dict[str, Any]:
-    """An Ansible YAML inventory (as a dict) reaching `names` through `docker exec`."""
+    """An Ansible YAML inventory (as a dict) reaching `names` as the test inventories do (connection.yml)."""
     return {
         "all": {
             "children": {group: {"hosts": {n: {"ansible_host": n} for n in names}}},
-            "vars": {
-                "ansible_connection": "community.docker.docker",
-                "ansible_python_interpreter": "/usr/bin/python3",
-            },
+            "vars": {**access.connection_vars(), "ansible_python_interpreter": "/usr/bin/python3"},
         }
     }
 
