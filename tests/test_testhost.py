@@ -7,7 +7,9 @@ developer's `pdstack-local` hosts, and they remove everything they made.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -129,7 +131,8 @@ def test_inventory_reaches_hosts_over_ssh_through_docker_exec(tmp_path):
     conn = yaml.safe_load((REPO / "inventory/test/common/group_vars/all/connection.yml").read_text())
     assert loaded["all"]["vars"] == {**conn, "ansible_python_interpreter": "/usr/bin/python3"}
     assert conn["ansible_connection"] == "ssh" and conn["ansible_user"] == "root"
-    assert 'ProxyCommand="docker exec -i %h /usr/sbin/sshd -i"' in conn["ansible_ssh_common_args"]
+    assert "/pdstack/testing/testhost/ssh_connect.py %h %p" in conn["ansible_ssh_common_args"]
+    assert "-o ProxyUseFdpass=yes" in conn["ansible_ssh_common_args"]
     assert conn["ansible_ssh_private_key_file"].endswith("/build/testhost/ssh/id_ed25519")
     assert loaded["all"]["children"]["testhosts"]["hosts"] == {
         "h-1": {"ansible_host": "h-1"},
@@ -236,11 +239,35 @@ def test_hosts_answer_ansible_ping(hosts, tmp_path):
                            env=env, capture_output=True, text=True, timeout=180)
     assert again.returncode == 0, again.stdout + again.stderr
     assert {n: cached(n) for n in names} == first
-    # it came over SSH (sshd -i through docker exec): a session of root's, which docker exec alone never opens
+    # it came over SSH, from the controller (the network's gateway): a session of root's, which docker exec never opens
+    gateway = engine_gateway(prefix)
     for name in names:
         log = subprocess.run(["docker", "exec", name, "journalctl", "-q", "--no-pager", "-t", "sshd"],
                              capture_output=True, text=True, check=True).stdout
-        assert "Accepted publickey for root" in log, log[-2000:]
+        assert f"Accepted publickey for root from {gateway} " in log, log[-2000:]
+    # each host's ControlPersist master sits at connection.yml's ControlPath (ssh's %C: sha1 of this machine's name,
+    # the host, port 22, root) until down() closes it, as the fixture's teardown does
+    sockets = {n: access.CONTROL_DIR / ("pdstack-" + hashlib.sha1(f"{socket.gethostname()}{n}22root".encode())
+                                        .hexdigest()) for n in names}
+    assert all(p.is_socket() for p in sockets.values()), sockets
+    access.close_masters(names)
+    assert not any(p.exists() for p in sockets.values()), sockets
+
+
+def engine_gateway(prefix: str) -> str:
+    net = testhost.client().networks.get(testhost.network_name(prefix))
+    return net.attrs["IPAM"]["Config"][0]["Gateway"]
+
+
+@pytest.mark.slow
+def test_the_proxy_command_names_a_host_that_is_not_there(engine):
+    script = REPO / "pdstack/testing/testhost/ssh_connect.py"
+    r = subprocess.run(["/usr/bin/python3", "-I", str(script), "pdstack-no-such-host-1", "22"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0
+    assert "no running test host container 'pdstack-no-such-host-1'" in r.stderr and "invoke testhost.up" in r.stderr
+    r = subprocess.run(["/usr/bin/python3", "-I", str(script), "h"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "usage: ssh_connect.py HOST PORT" in r.stderr
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@
     up(count, prefix)             a network + hosts `<prefix>-1..count`, each booted until systemd says running
     down(prefix)                  remove exactly what `up` made: containers, /var/lib/docker volumes, network
     status(prefix)                one dict per host (format_status() makes it a table)
-    inventory(prefix, path=None)  Ansible inventory (SSH through `docker exec`: access.py); written when path given
+    inventory(prefix, path=None)  Ansible inventory (SSH to the bridge address: access.py); written when path given
 
 Every object `up` creates carries the label `io.pdstack.testhost=<prefix>`; `down` selects by that label alone,
 so it never touches the base image, another prefix's hosts, or anything a person made by hand.

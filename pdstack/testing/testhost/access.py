@@ -1,22 +1,23 @@
-"""How Ansible reaches the test hosts: over SSH, as it reaches production hosts, with `docker exec` as the transport.
+"""How Ansible reaches the test hosts: over SSH, as it reaches production hosts.
 
 The connection variables live in one file, inventory/test/common/group_vars/all/connection.yml (the local demo's
 inventory links to it; `inventory_for()` reads it): Ansible's `ssh` connection, pipelining and a ControlPersist
-master per host, whose ProxyCommand is `docker exec -i HOST /usr/sbin/sshd -i` (sshd in inetd mode, on that pipe).
-So the hosts need no address the controller can resolve, and a task costs one multiplexed ssh channel on a running
-master instead of a `docker exec` (docker CLI, dockerd, containerd, runc) of its own: measured on a test host (2
-cores), 40 `stat` tasks took 10.1 s of machine CPU through community.docker.docker and 7.4-8.1 s this way
-(docs/testing.md, "The test hosts over SSH").
+master per host, whose ProxyCommand (ssh_connect.py) finds the container's bridge address through the controller's
+Docker, since the hosts' names resolve only inside their network. A task costs one multiplexed ssh channel on a
+running master instead of a `docker exec` (docker CLI, dockerd, containerd, runc) of its own: measured on the demo
+host (2 cores), 40 `stat` tasks took 9.2-10.1 s of machine CPU through community.docker.docker and 7.0-7.9 s this
+way (docs/testing.md, "The test hosts over SSH").
 
 The key is the checkout's own, made once here (build/testhost/ssh/id_ed25519, never committed), and `up()`
 authorizes it for root on every host it boots or finds. Host keys are not checked (StrictHostKeyChecking=no in
-connection.yml): the transport is the local Docker socket, which already names the container, not a network.
+connection.yml): the hosts are rebuilt all the time, and the address comes from the local Docker.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,9 @@ from pdstack.testing.testhost.common import TesthostError
 
 KEY_DIR = ROOT / "build" / "testhost" / "ssh"
 KEY = KEY_DIR / "id_ed25519"
+# as connection.yml's ansible_ssh_args name it (ssh computes %C from this machine, the host, port 22 and root)
+CONTROL_DIR = Path.home() / ".ansible" / "cp"
+CONTROL_PATH = str(CONTROL_DIR / "pdstack-%C")
 CONNECTION_VARS = ROOT / "inventory" / "test" / "common" / "group_vars" / "all" / "connection.yml"
 
 # Appends the key (in $KEY, never on a command line) to root's authorized_keys unless that line is there already.
@@ -46,6 +50,7 @@ def ensure_key(key: Path = KEY) -> str:
     """The controller's public key for the test hosts; the key pair is made on first use (ssh-keygen, ed25519, no
     passphrase), under a lock so test workers booting hosts at once make one."""
     key.parent.mkdir(parents=True, exist_ok=True)
+    CONTROL_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)  # ssh makes no directory for its ControlPath
     pub = key.with_name(key.name + ".pub")
     with open(key.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -64,6 +69,18 @@ def ensure_key(key: Path = KEY) -> str:
             os.replace(tmp.with_name(tmp.name + ".pub"), pub)
             os.replace(tmp, key)
     return pub.read_text().strip()
+
+
+def close_masters(names: list[str]) -> None:
+    """Ask the ssh ControlPersist master of each host in `names` to exit (connection.yml's ControlPath; `down` calls
+    this before it removes them): a master outlives its host's container by up to ControlPersist, holding a TCP
+    connection nothing answers, and a new host of the same name would get the same socket. No master: nothing to do."""
+    if not names or shutil.which("ssh") is None:
+        return
+    CONTROL_DIR.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        subprocess.run(["ssh", "-o", f"ControlPath={CONTROL_PATH}", "-O", "exit", "-l", "root", "-p", "22", name],
+                       capture_output=True, timeout=30, check=False)
 
 
 def authorize(container, public_key: str) -> None:

@@ -233,7 +233,9 @@ def down(prefix: str = DEFAULT_PREFIX) -> dict[str, list[str]]:
     c = client()
     t0 = time.monotonic()
     removed: dict[str, list[str]] = {"containers": [], "volumes": [], "networks": []}
-    for ct in c.containers.list(all=True, filters=_filters(prefix)):
+    doomed = c.containers.list(all=True, filters=_filters(prefix))
+    access.close_masters([ct.name for ct in doomed])
+    for ct in doomed:
         try:  # kill, not stop: the volume goes too, so there is nothing to shut down cleanly for
             ct.remove(force=True, v=True)
         except NotFound:

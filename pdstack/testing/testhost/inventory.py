@@ -1,4 +1,4 @@
-"""The Ansible inventory of the test hosts (over SSH through `docker exec`: access.py, connection.yml)."""
+"""The Ansible inventory of the test hosts (over SSH: access.py, connection.yml)."""
 
 from __future__ import annotations
 
