@@ -19,6 +19,7 @@ import fcntl
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +79,18 @@ def close_masters(names: list[str]) -> None:
     if not names or shutil.which("ssh") is None:
         return
     CONTROL_DIR.mkdir(parents=True, exist_ok=True)
+
+    def mux(op: str, name: str) -> int:
+        return subprocess.run(["ssh", "-o", f"ControlPath={CONTROL_PATH}", "-O", op, "-l", "root", "-p", "22", name],
+                              capture_output=True, timeout=30, check=False).returncode
+
     for name in names:
-        subprocess.run(["ssh", "-o", f"ControlPath={CONTROL_PATH}", "-O", "exit", "-l", "root", "-p", "22", name],
-                       capture_output=True, timeout=30, check=False)
+        if mux("exit", name) != 0:
+            continue  # no master
+        # "exit" is only sent: wait (briefly) until the master has gone and taken its socket along
+        deadline = time.monotonic() + 10
+        while mux("check", name) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def authorize(container, public_key: str) -> None:
