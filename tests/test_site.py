@@ -432,11 +432,19 @@ def _status_serving(ip: str, timeout: float = 120) -> None:
         time.sleep(2)
 
 
+def _pending_or_firing(view: dict) -> list:
+    return [a for rep in (view.get("hosts") or {}).values()
+            for a in ((rep.get("prometheus") or {}).get("alerts") or []) if a.get("state") in ("pending", "firing")]
+
+
 def test_status_healthy_view_is_exit_0(one_host, hosts):
     _status_serving(hosts[STATUS_HOST])
     # the tests before restarted prefill and decode (rolling restarts, the watchdog): PdstackBootstrapFailures
     # (increase over 5m > 0, for 1m) may still fire for up to ~6 min after the last failed handshake, rightly exit 1
-    code, view = _status_until(lambda c, v: c == 0, 420, "a healthy view (exit 0)")
+    # and no alert pending either: a pending one turns firing (exit 1) a minute later (seen once: the wait saw exit 0
+    # with PdstackBootstrapFailures pending, the next look had it firing)
+    code, view = _status_until(lambda c, v: c == 0 and not _pending_or_firing(v), 420,
+                               "a healthy view (exit 0, no alert pending or firing)")
     code, view, took = _status()
     assert code == 0 and _lines(view) == [], _lines(view)
     # the figure is the benchmark (docs/cli.md has it); this bound only catches a status that hangs on a host
