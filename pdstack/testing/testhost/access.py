@@ -78,7 +78,6 @@ def close_masters(names: list[str]) -> None:
     connection nothing answers, and a new host of the same name would get the same socket. No master: nothing to do."""
     if not names or shutil.which("ssh") is None:
         return
-    CONTROL_DIR.mkdir(parents=True, exist_ok=True)
 
     def mux(op: str, name: str) -> int:
         return subprocess.run(["ssh", "-o", f"ControlPath={CONTROL_PATH}", "-O", op, "-l", "root", "-p", "22", name],
