@@ -2,7 +2,8 @@
 the container HOST at the bridge address the controller's Docker gives it, and hands the connected socket to ssh,
 which then talks to the host's sshd directly. The test hosts' names resolve only inside their Docker network, and
 nothing relays the bytes: through `docker exec -i HOST sshd -i` (a pipe through the docker CLI, dockerd and the
-shim), copying the 1.5 GB sim image tarball cost 13.6 s of CPU; over the handed-over socket, 3.3 s (AES-GCM; docs/testing.md).
+shim), copying the 1.5 GB sim image tarball cost 13.6 s of CPU; over the handed-over socket, 3.3 s (AES-GCM;
+docs/testing.md).
 
 Runs as `/usr/bin/python3 -I ssh_connect.py HOST PORT` (the standard library only; no venv needed).
 """
