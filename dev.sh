@@ -135,6 +135,11 @@ shift || true
 case "$cmd" in
   setup) setup ;;
   demo)  setup; exec "$VENV/bin/invoke" demo "$@" ;;
-  test)  setup; exec "$VENV/bin/invoke" test "$@" ;;
+  test)  # the suite's wall time, setup included, is the last line (CI's guard: .ci/run runs exactly this)
+         start=$(date +%s); rc=0
+         setup; "$VENV/bin/invoke" test "$@" || rc=$?
+         secs=$(( $(date +%s) - start ))
+         log "$(printf 'test: exit %d, wall %d min %02d s' "$rc" $((secs / 60)) $((secs % 60)))"
+         exit "$rc" ;;
   *) die "usage: ./dev.sh demo|test|setup" ;;
 esac

@@ -160,6 +160,8 @@ def test_readme_is_short_and_keeps_the_two_commands():
                                             "reference into docs/ (one file per topic) and link it")
     # the quick start, exactly as CI and newcomers use it (.ci/run runs ./dev.sh test)
     assert "./dev.sh demo     # the main job:" in text and "./dev.sh test     # the whole test suite:" in text
+    run = [x for x in (ROOT / ".ci" / "run").read_text().splitlines() if x.strip() and not x.startswith("#")]
+    assert run[-1] == "exec ./dev.sh test", f".ci/run must end by running the README's test command: {run}"
     for topic in TOPICS:
         assert f"(docs/{topic}.md" in text, f"README.md's 'where to read next' does not link docs/{topic}.md"
 
