@@ -21,7 +21,8 @@ SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
 # Which pdstack files each rule allows (the package root and errors.py are stdlib-only and shared).
 ALLOWED = {
     "hostside": {"pdstack/__init__.py", "pdstack/hostside/__init__.py", "pdstack/hostside/facts.py",
-                 "pdstack/hostside/probe.py", "pdstack/hostside/watchdog.py", "pdstack/hostside/restart_unit.py",
+                 "pdstack/hostside/probe.py", "pdstack/hostside/watchdog.py", "pdstack/hostside/watchdog_state.py",
+                 "pdstack/hostside/restart_unit.py",
                  "pdstack/hostside/drain.py", "pdstack/hostside/status_collect.py", "pdstack/hostside/model_fetch.py",
                  "pdstack/hostside/model_store.py", "pdstack/hostside/model_source.py"},
     "image": {"pdstack/__init__.py", "pdstack/errors.py", "pdstack/image/__init__.py", "pdstack/image/patches.py"},
@@ -67,9 +68,10 @@ def test_imports_with_isolated_system_python_and_stdlib_only(folder):
 
 
 def test_every_hostside_module_is_installed_by_its_role():
-    # roles/watchdog copies probe + watchdog; roles/facts links facts.py. A new hostside module needs a role to ship it.
+    # roles/watchdog copies probe, watchdog and watchdog_state; roles/facts links facts.py. A new hostside module
+    # needs a role to ship it.
     shipped = (ROOT / "roles" / "watchdog" / "tasks" / "install.yml").read_text()
-    for mod in ("probe", "watchdog"):
+    for mod in ("probe", "watchdog", "watchdog_state"):
         assert f"hostside/{mod}.py" in shipped
     # roles/watchdog_access copies restart_unit (the forced command of the watchdog's key on serving hosts)
     assert "pdstack/hostside/restart_unit.py" in (ROOT / "roles/watchdog_access/tasks/authorize.yml").read_text()
@@ -86,8 +88,8 @@ def test_every_hostside_module_is_installed_by_its_role():
     model = (ROOT / "roles" / "model" / "tasks" / "main.yml").read_text()
     for mod in ("model_fetch", "model_store", "model_source"):
         assert f"hostside/{mod}.py" in model, mod
-    hostside = {"__init__.py", "facts.py", "probe.py", "watchdog.py", "restart_unit.py", "drain.py",
-                "status_collect.py", "model_fetch.py", "model_store.py", "model_source.py"}
+    hostside = {"__init__.py", "facts.py", "probe.py", "watchdog.py", "watchdog_state.py", "restart_unit.py",
+                "drain.py", "status_collect.py", "model_fetch.py", "model_store.py", "model_source.py"}
     assert {p.name for p in (ROOT / "pdstack" / "hostside").glob("*.py")} == hostside, sys.version
 
 

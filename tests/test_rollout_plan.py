@@ -47,7 +47,8 @@ def test_two_decodes_drain_through_the_router_and_the_only_prefill_through_the_f
                                                "bootstrap_host": "pdstack-roll-1", "bootstrap_port": 8998,
                                                "decode_url": "http://pdstack-roll-1:30002"}
     assert by["prefill-0"].rollout["probe"]["decode_url"] == "http://pdstack-roll-1:30001"
-    assert plan.rollout == {"drain_timeout_secs": 30, "probe_timeout_secs": 30}  # inventory/test/common
+    assert plan.rollout == {"drain_timeout_secs": 30, "probe_timeout_secs": 30,  # inventory/test/common
+                            "watchdog_hold_file": planner.WATCHDOG_HOLD_FILE}
     text = plan_text.render_text(plan)
     assert "taken out of the router while it drains (peers: decode-1)" in text
     assert "the front door answers 503 + Retry-After while it drains (the only prefill)" in text
@@ -60,7 +61,8 @@ def test_one_of_each_role_drains_through_the_front_door_and_drain_defaults_to_th
     prod = pipeline.make_plan(dep, pipeline.load_facts(ROOT / "tests/topologies/reference-2node-8gpu.json",
                                                      list(dep.hosts)))
     # unset drain_timeout_secs: the router's request timeout (no request outlives it)
-    assert prod.rollout == {"drain_timeout_secs": dep.router["request_timeout_secs"], "probe_timeout_secs": 120}
+    assert prod.rollout == {"drain_timeout_secs": dep.router["request_timeout_secs"], "probe_timeout_secs": 120,
+                            "watchdog_hold_file": planner.WATCHDOG_HOLD_FILE}
     assert prod.router.frontdoor["maintenance_file"] == frontdoor.MAINTENANCE_FILE
 
 

@@ -118,6 +118,22 @@ class SteadyLoad:
         return self.results
 
 
+def watchdog_runs_since(host: str, t0: float) -> list[str]:
+    """What the deployed watchdog (5 s timer on the test layouts) logged since t0 (pdstack/hostside/watchdog.py)."""
+    r = sh(host, "journalctl", "-t", "pdstack-watchdog", "--since", f"@{int(t0)}", "-o", "cat", "--no-pager")
+    assert r.returncode == 0, r.stderr
+    return [x for x in r.stdout.splitlines() if x.strip()]
+
+
+def assert_the_watchdog_held_still(host: str, t0: float) -> None:
+    """A rolling restart holds the watchdog (roles/serving, drain.py hold): during it no run probed or restarted.
+    Without the hold its probes failed while the only prefill was down (the router's 502), and two failures in a
+    row (K=2 here) restart the decodes, then the prefill, behind the rollout's back."""
+    lines = watchdog_runs_since(host, t0)
+    assert any("held for" in x and "rolling restart of" in x for x in lines), lines[-20:]
+    assert not [x for x in lines if "probe failed" in x or "restarting" in x], lines[-20:]
+
+
 def _servers_with_env(edit: dict[str, dict]) -> str:
     servers = yaml.safe_load((TWO / "host_vars/pdstack-roll-1/servers.yml").read_text())["pdstack_servers"]
     for s in servers:
@@ -217,6 +233,7 @@ def test_rolling_restart_of_two_decodes_under_steady_load_fails_no_request(two_d
     time.sleep(3)
     results, rows = load.stop(), poller.stop()
     assert r.returncode == 0, r.stdout[-6000:]
+    assert_the_watchdog_held_still(host, t0)
     after = {n: container_id(host, f"pdstack-{n}") for n in before}
     # both decodes really restarted (new containers), the prefill did not
     assert after["decode-0"] != before["decode-0"] and after["decode-1"] != before["decode-1"], (before, after)
@@ -276,6 +293,7 @@ def test_restart_of_the_only_prefill_refuses_new_requests_with_503_and_loses_non
     results = load.stop()
     assert r.returncode == 0, r.stdout[-6000:]
     assert container_id(host, "pdstack-prefill-0") != before
+    assert_the_watchdog_held_still(host, t0)
     # in flight when the switch went on: they finished (the drain waits for the front door's in-flight requests)
     assert [x["status"] for x in long_streams] == [200, 200], long_streams
     assert all(x["tail"].rstrip().endswith("data: [DONE]") for x in long_streams), long_streams
@@ -284,7 +302,7 @@ def test_restart_of_the_only_prefill_refuses_new_requests_with_503_and_loses_non
     assert refused, "no request met the maintenance switch"
     for x in refused:
         # when it was sent, seconds into the playbook's run (which phase: the prefill's maintenance, or a decode out)
-        seen = {**x, "sent_s_into_run": round(x["t0"] - t0, 2), "run_s": round(took, 1)}
+        seen = {"sent_s_into_run": round(x["t0"] - t0, 2), "run_s": round(took, 1), **x}
         assert (x["status"], x["retry_after"], x["refusal"]) == (503, "2", "maintenance"), seen
         # at once: not queued (the queue times out at 10 s here) nor held until the prefill is back (a restart takes
         # longer); 1.37 s seen under the whole suite's load on 2 cores, ~0.01 s alone

@@ -216,7 +216,9 @@ def test_a_failed_smoke_run_needs_attention():
     (lambda r: r["watchdog"]["state"].update(restarts=[[time.time() - 60, "pdstack-server-decode-0.service"]]),
      "restarted 1 unit(s) in the last hour (budget 3)"),
     (lambda r: r["prometheus"]["refused_5m"][HOST].update({"maintenance": 3}), "with its maintenance switch on"),
-], ids=["restarts", "pending-alert", "few-refusals", "watchdog-restarted", "maintenance-refusals"])
+    (lambda r: r["watchdog"]["state"].update(held_until=time.time() + 125, held_reason="rolling restart of decode-0"),
+     "held at its last run by a planned restart (rolling restart of decode-0): no probe, no restart, for 2"),
+], ids=["restarts", "pending-alert", "few-refusals", "watchdog-restarted", "maintenance-refusals", "watchdog-held"])
 def test_notes_are_shown_but_leave_the_exit_code_at_0(mutate, what):
     rep = healthy()
     mutate(rep)
@@ -262,6 +264,14 @@ def test_table_colour_only_when_asked_and_every_part_shown(monkeypatch):
     for part in ("SERVERS", "decode-0", "(= plan)", "ROUTER", "circuit closed", "FRONT DOOR", "maintenance ON",
                  "WATCHDOG", "restarts last hour 0/3", "SMOKE  passed", "recall horizon 16000", "ALERTS  0 firing"):
         assert part in plain, (part, plain)
+
+
+def test_the_watchdog_line_says_a_planned_restart_holds_it_and_not_once_it_lapsed():
+    rep, now = healthy(), time.time()
+    rep["watchdog"]["state"].update(held_until=now + 60, held_reason="rolling restart of prefill-0")
+    assert ": held by a planned restart (rolling restart of prefill-0)" in \
+        status_view.watchdog(HOST, rep, now)[0]
+    assert ": ok" in status_view.watchdog(HOST, rep, now + 61)[0]
 
 
 def test_cli_json_prints_the_view_with_findings_and_exit_code(monkeypatch, capsys):

@@ -125,6 +125,114 @@ def test_no_restart_while_health_is_not_200(tmp_path):
         assert step(cfg, clock, world) == W.EXIT_FAILING
         clock.t += 60
     assert world.restarts == []
+    assert json.loads((tmp_path / "state.json").read_text())["consecutive_failures"] == 0
+
+
+def test_a_server_down_resets_the_count_so_it_takes_k_fresh_failures_once_all_are_up(tmp_path):
+    """Failures while a server is down (restarting under systemd, or by a person) do not carry over: once every
+    /health says 200 again (the router may still be about to take it back) it takes K more failures to restart."""
+    cfg, clock, world = make(tmp_path)  # K = 3
+    world.wedged = True
+    assert [step(cfg, clock, world) for _ in range(2)] == [W.EXIT_FAILING] * 2  # 2 of 3
+    world.health_codes["30000"] = None  # the prefill goes down
+    for _ in range(3):
+        assert step(cfg, clock, world) == W.EXIT_FAILING
+        clock.t += 60
+    del world.health_codes["30000"]
+    assert [step(cfg, clock, world) for _ in range(2)] == [W.EXIT_FAILING] * 2
+    assert world.restarts == []
+    assert json.loads((tmp_path / "state.json").read_text())["consecutive_failures"] == 2
+    assert step(cfg, clock, world) == W.EXIT_RECOVERED
+    assert [u for _, u in world.restarts] == ["pdstack-server-decode-0.service"]
+
+
+def hold_for(tmp_path, seconds: float, reason: str = "rolling restart of prefill-0") -> Path:
+    """The hold file as the serving role writes it (drain.py `hold`: the writer; the watchdog reads it)."""
+    from pdstack.hostside import drain
+
+    path = tmp_path / "run" / "watchdog-hold.json"
+    out = drain.hold(str(path), seconds, reason)
+    assert out["changed"] and path.exists()
+    return path
+
+
+def test_a_planned_restart_holds_the_watchdog_no_probe_no_restart_count_cleared(tmp_path):
+    """While roles/serving's rolling restart holds it, a step neither probes nor restarts, and clears the count the
+    failures before the hold built; released, it probes again and needs K fresh failures."""
+    hold_file = tmp_path / "run" / "watchdog-hold.json"
+    cfg, clock, world = make(tmp_path, hold_file=str(hold_file))
+    clock.t = __import__("time").time()  # the hold's "until" is wall-clock (drain.py runs on the host)
+    world.wedged = True
+    assert [step(cfg, clock, world) for _ in range(2)] == [W.EXIT_FAILING] * 2  # 2 of K = 3
+    probes = world.probes
+    hold_for(tmp_path, 300)
+    for _ in range(4):  # the restart's 20 minutes... of steps, within the hold
+        assert step(cfg, clock, world) == W.EXIT_OK
+        clock.t += 30
+    assert world.probes == probes and world.restarts == []
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["consecutive_failures"] == 0 and state["held_reason"] == "rolling restart of prefill-0"
+    assert "pdstack_watchdog_held 1" in (tmp_path / "wd.prom").read_text()
+    from pdstack.hostside import drain
+
+    assert drain.release(str(hold_file))["changed"] and not drain.release(str(hold_file))["changed"]
+    assert [step(cfg, clock, world) for _ in range(2)] == [W.EXIT_FAILING] * 2
+    assert world.probes == probes + 2 and world.restarts == []
+    assert "pdstack_watchdog_held 0" in (tmp_path / "wd.prom").read_text()
+    assert step(cfg, clock, world) == W.EXIT_RECOVERED
+
+
+def test_a_hold_written_while_the_kth_probe_ran_stops_the_restart(tmp_path):
+    hold_file = tmp_path / "run" / "watchdog-hold.json"
+    cfg, clock, world = make(tmp_path, hold_file=str(hold_file), failures_before_restart=1)
+    clock.t = __import__("time").time()
+    world.wedged = True
+    fails = world.probe
+
+    def probe_then_a_rollout_begins():
+        res = fails()
+        hold_for(tmp_path, 300)
+        return res
+
+    world.probe = probe_then_a_rollout_begins
+    assert step(cfg, clock, world) == W.EXIT_OK
+    assert world.restarts == [] and world.probes == 1
+
+
+@pytest.mark.parametrize("content, why", [
+    (None, "lapsed"),  # written with 1 s, read 2 s later: a play killed before its release
+    ('{"until": 1e300}', "reaches"),
+    ('{"until": "tomorrow"}', "no numeric"),
+    ('{"until": NaN}', "no numeric"),
+    ("[1, 2]", "no numeric"),
+    ("not json", "unreadable"),
+])
+def test_a_lapsed_or_bad_hold_file_does_not_silence_the_watchdog(tmp_path, caplog, content, why):
+    hold_file = tmp_path / "run" / "watchdog-hold.json"
+    cfg, clock, world = make(tmp_path, hold_file=str(hold_file), failures_before_restart=1)
+    clock.t = __import__("time").time()
+    if content is None:
+        hold_for(tmp_path, 1)
+        clock.t += 2
+    else:
+        hold_file.parent.mkdir(parents=True)
+        hold_file.write_text(content)
+    world.wedged = True
+    assert step(cfg, clock, world) == W.EXIT_RECOVERED  # probed, and restarted
+    assert why in caplog.text and str(hold_file) in caplog.text
+    assert hold_file.exists() == (content is not None)  # a lapsed hold is removed; a bad one is left for a person
+
+
+@pytest.mark.parametrize("seconds", ["0", "-5", "nan", "inf", "999999"])
+def test_drain_hold_refuses_a_hold_of_no_or_unbounded_length(tmp_path, capsys, seconds):
+    from pdstack.hostside import drain
+
+    path = tmp_path / "hold.json"
+    assert drain.main(["hold", "--file", str(path), "--seconds", seconds, "--reason", "x"]) == 1
+    assert "a hold lasts more than 0 and at most 21600 s" in capsys.readouterr().err and not path.exists()
+    assert drain.main(["hold", "--file", str(path), "--seconds", "90", "--reason", 'a "quoted"\nreason']) == 0
+    got = json.loads(path.read_text())
+    assert got["reason"] == 'a "quoted"\nreason' and 85 < got["until"] - __import__("time").time() <= 90
 
 
 @pytest.mark.parametrize("code", [P.ROUTER_DOWN, P.ADMISSION])
@@ -197,7 +305,8 @@ def test_role_template_renders_a_valid_config(tmp_path):
     env = jinja2.Environment(extensions=["jinja2.ext.do"])
     env.filters["to_json"] = json.dumps
     tpl = env.from_string((root / "roles/watchdog/templates/etc/pdstack/watchdog.json.j2").read_text())
-    plan = {"router": {"port": 8000, "internal_url": "http://127.0.0.1:8001"}, "servers": [
+    plan = {"router": {"port": 8000, "internal_url": "http://127.0.0.1:8001"},
+            "rollout": {"watchdog_hold_file": "/run/pdstack/watchdog-hold.json"}, "servers": [
         {"name": "prefill-0", "role": "prefill", "url": "http://10.0.0.2:30000", "host": "gpu02",
          "address": "10.0.0.2", "unit": "pdstack-server-prefill-0.service"},
         {"name": "decode-0", "role": "decode", "url": "http://10.0.0.1:30001", "host": "gpu01",
@@ -213,6 +322,7 @@ def test_role_template_renders_a_valid_config(tmp_path):
     cfg = W.Config.from_dict(json.loads(text))
     # the router itself, past the front door: a probe must not be refused by admission when a wedge holds every slot
     assert cfg.router_url == "http://127.0.0.1:8001" and cfg.failures_before_restart == 3
+    assert cfg.hold_file == "/run/pdstack/watchdog-hold.json"  # where roles/serving's rollout writes its hold
     by = {s.name: s for s in cfg.servers}
     assert by["decode-0"].restart_argv is None
     # the other host: ssh with the watchdog's own key and strict host keys; its forced command reads "restart UNIT"
@@ -225,7 +335,7 @@ def test_role_template_renders_a_valid_config(tmp_path):
 
 
 def test_worst_case_wedge_to_restart_bound():
-    """docs/failure.md ("Wedge to watchdog restart") states these: production defaults 385 s; the test layouts 40 s."""
+    """docs/failure.md ("Wedge to watchdog restart") states these: production defaults 405 s; the test layouts 50 s."""
     import yaml
 
     root = Path(__file__).resolve().parents[1]
@@ -237,8 +347,8 @@ def test_worst_case_wedge_to_restart_bound():
                                       first_token_timeout_s=v["watchdog_probe_first_token_timeout_s"],
                                       stall_timeout_s=v["watchdog_probe_stall_timeout_s"], servers=2)
 
-    assert bound("roles/watchdog/defaults/main.yml") == 3 * (60 + 5 + 60) + 2 * 5 == 385
-    assert bound("inventory/test/common/group_vars/all/watchdog.yml") == 2 * (5 + 5 + 5) + 2 * 5 == 40
+    assert bound("roles/watchdog/defaults/main.yml") == 3 * (60 + 5 + 60 + 2 * 5) == 405
+    assert bound("inventory/test/common/group_vars/all/watchdog.yml") == 2 * (5 + 5 + 5 + 2 * 5) == 50
 
 
 def test_restart_unit_forced_command_accepts_only_this_hosts_server_units(tmp_path):

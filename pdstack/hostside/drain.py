@@ -17,6 +17,10 @@ Subcommands (each prints one JSON object on stdout; exit 0 = done, 1 = failed wi
                {"drained": false} after the timeout is not a failure: the restart goes on (docker stop's grace)
   in           --router URL --worker JSON [--timeout S]: back into the router, wait until it lists it healthy
   maintenance  on|off --socket PATH --acl FILE: the front door's switch (`add acl` / `del acl` on the runtime API)
+  hold         --file PATH --seconds S --reason TEXT: the watchdog (pdstack/hostside/watchdog.py) stands down until
+               S seconds from now: a planned restart is not a wedge, and its probes fail while the server is down
+               or the router has not taken it back yet (counted, they made the watchdog restart the other servers)
+  release      --file PATH: the watchdog watches again (the hold also lapses by itself after S seconds)
 
 The routes and the answers are sglang-router 0.3.2's worker API (GET /workers -> {"workers": [{"id", "url",
 "is_healthy", ...}]}, DELETE /workers/{id} -> 202, POST /workers -> 202) and HAProxy 2.6's runtime API (an empty
@@ -47,6 +51,8 @@ GAUGES = {
 POLL_S = 1.0
 # polls in a row that must see nothing in flight (wait_drained)
 QUIET_POLLS = 2
+# the longest hold of the watchdog one restart may ask for (the watchdog ignores a hold that reaches further)
+MAX_HOLD_S = 6 * 3600
 
 
 class Failed(Exception):
@@ -194,6 +200,34 @@ def maintenance(state: str, sock: str, acl: str) -> dict:
     return {"changed": not answer, "msg": "maintenance off" + (f" ({answer})" if answer else "")}
 
 
+def hold(path: str, seconds: float, reason: str) -> dict:
+    """Write the watchdog's hold file: {"until": epoch seconds, "reason": text}, atomically (the watchdog reads it
+    with pdstack/hostside/watchdog.py's read_hold; tests/test_watchdog.py writes it with this function)."""
+    if not 0 < seconds <= MAX_HOLD_S:
+        raise Failed(f"--seconds {seconds:g}: a hold lasts more than 0 and at most {MAX_HOLD_S} s")
+    until = time.time() + seconds
+    parent = os.path.dirname(path) or "."
+    try:
+        os.makedirs(parent, mode=0o755, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"until": until, "reason": reason}, f)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise Failed(f"cannot write the watchdog's hold file {path}: {e}") from e
+    return {"changed": True, "until": until, "msg": f"watchdog held for {seconds:g} s: {reason}"}
+
+
+def release(path: str) -> dict:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return {"changed": False, "msg": "no hold to release"}
+    except OSError as e:
+        raise Failed(f"cannot remove the watchdog's hold file {path}: {e}") from e
+    return {"changed": True, "msg": "watchdog released"}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="drain.py", description=__doc__.split("\n", 1)[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -219,6 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     mt.add_argument("state", choices=["on", "off"])
     mt.add_argument("--socket", required=True)
     mt.add_argument("--acl", required=True)
+    h = sub.add_parser("hold")
+    h.add_argument("--file", required=True, help="the plan's rollout.watchdog_hold_file")
+    h.add_argument("--seconds", required=True, type=float)
+    h.add_argument("--reason", required=True)
+    r = sub.add_parser("release")
+    r.add_argument("--file", required=True)
     a = ap.parse_args(argv)
     try:
         if a.cmd == "mode":
@@ -235,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
             if not isinstance(worker, dict):
                 raise Failed("--worker must be a JSON object (the plan's rollout.worker)")
             out = put_back(a.router, worker, a.timeout)
+        elif a.cmd == "hold":
+            out = hold(a.file, a.seconds, a.reason)
+        elif a.cmd == "release":
+            out = release(a.file)
         else:
             out = maintenance(a.state, a.socket, a.acl)
     except Failed as e:

@@ -7,18 +7,31 @@ the router notices it. A systemd timer on the router host runs one watchdog step
  1. runs the deep probe (pdstack/hostside/probe.py) through the router;
  2. pass: resets the failure count (and clears an alert);
  3. fail with a stage a restart can fix (13 prefill/transfer, 14 decode, 15 aborted, 12 http-error, 16 wrong-answer):
-    counts it. After K consecutive failures (`failures_before_restart`), and only while every server's /health says
-    200 (a server that is down or starting is systemd's and the serving role's business, not ours), it restarts the
-    decode units, waits for their /health and the router's /readiness, probes again; still failing, it does the same
-    with the prefill units. Router down (10) and admission refusals (11, busy) never restart anything.
+    counts it, but only while every server's /health says 200 (a server that is down or starting is systemd's and
+    the serving role's business, not ours: its failure resets the count). After K consecutive counted failures
+    (`failures_before_restart`) it restarts the decode units, waits for their /health and the router's /readiness,
+    probes again; still failing, it does the same with the prefill units. Router down (10) and admission refusals
+    (11, busy) never restart anything.
  4. backoff: at most R unit restarts in any hour (`max_restarts_per_hour`). A restart that would exceed it is not done:
     the watchdog raises its alert (`pdstack_watchdog_alert 1`) and stops restarting until a probe passes again or an
     operator runs `pdstack watchdog --reset`. So a permanent fault costs R restarts, then an alert, never a storm.
 
-State (failure count, restart times, alert) persists in a JSON file between timer runs; metrics go to node_exporter's
-textfile collector (`pdstack_watchdog_*`, written atomically); every action is logged (stderr -> the journal).
+Since a server that is down resets the count, after a crash (systemd restarts the server) the watchdog needs K fresh
+failures before it acts, not one probe sent before the router has taken the server back.
 
-It runs with the router host's own python3 (stdlib only: this module + pdstack/hostside/probe.py, installed by
+A planned restart (roles/serving's rolling restart) holds the watchdog: the serving role writes the plan's
+`rollout.watchdog_hold_file` ({"until": epoch, "reason"}; pdstack/hostside/drain.py `hold`) before it drains a
+server and removes it once the server serves again; while it stands (at most until its `until`, so a play killed
+half way holds nothing for long) a step neither probes nor restarts and clears the count. Without it, the probes
+sent while the only prefill restarts fail (the router's 502 "Prefill server error", seen in the journal of
+tests/test_site_rollouts.py's host) and count towards restarting the decodes, then the prefill, behind the back of a
+rollout that believes it is done.
+
+State (failure count, restart times, alert) persists in a JSON file between timer runs; metrics go to node_exporter's
+textfile collector (`pdstack_watchdog_*`, written atomically; both in pdstack/hostside/watchdog_state.py, with the
+hold file's reader); every action is logged (stderr -> the journal).
+
+It runs with the router host's own python3 (stdlib only: this module, watchdog_state.py and probe.py, installed by
 roles/watchdog into /usr/local/lib/pdstack/python), not in the serving image: it must reach systemctl on the host to
 restart pdstack-server-<name>.service, and it must work exactly when the serving containers do not.
 """
@@ -28,23 +41,21 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from pdstack.hostside import probe as probe_mod
+from pdstack.hostside.watchdog_state import HOUR_S, State, atomic_write, read_hold, textfile
 
 log = logging.getLogger("pdstack.hostside.watchdog")
 
-HOUR_S = 3600.0
 # exit codes of `pdstack watchdog` (one step)
 EXIT_OK, EXIT_FAILING, EXIT_RESTARTED, EXIT_RECOVERED, EXIT_ALERT, EXIT_CONFIG = 0, 1, 3, 0, 4, 2
 # Probe results a restart of the servers can fix. Not: router down (10) and admission refusals (11: busy).
@@ -121,6 +132,7 @@ class Config:
     probe_timeout_s: float = 120.0
     state_file: str = "/var/lib/pdstack/watchdog.json"
     textfile: str = "/var/lib/prometheus/node-exporter/pdstack_watchdog.prom"
+    hold_file: str = ""  # the plan's rollout.watchdog_hold_file; "" = never held
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Config:
@@ -136,50 +148,6 @@ class Config:
         if cfg.failures_before_restart < 1 or cfg.max_restarts_per_hour < 0:
             raise ValueError("failures_before_restart must be >= 1 and max_restarts_per_hour >= 0")
         return cfg
-
-
-@dataclass
-class State:
-    consecutive_failures: int = 0
-    restarts: list[list] = field(default_factory=list)  # [timestamp, unit] of every restart in the last hour
-    restarts_total: dict[str, int] = field(default_factory=dict)
-    alert: bool = False
-    alert_reason: str = ""
-    last_probe_code: int | None = None
-    last_probe_stage: str = ""
-    last_probe_message: str = ""
-    last_probe_ttft_s: float | None = None
-    last_run: float = 0.0
-    last_restart: float = 0.0
-    last_recovery: float = 0.0
-
-    @classmethod
-    def load(cls, path: str) -> State:
-        try:
-            data = json.loads(Path(path).read_text())
-            return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
-        except FileNotFoundError:
-            return cls()
-        except (OSError, ValueError, TypeError) as e:
-            log.warning("watchdog state %s unreadable (%s); starting fresh", path, e)
-            return cls()
-
-    def save(self, path: str) -> None:
-        _atomic_write(path, json.dumps(asdict(self), indent=1) + "\n")
-
-
-def _atomic_write(path: str, text: str) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 ProbeFn = Callable[[], probe_mod.ProbeResult]
@@ -209,6 +177,8 @@ class Watchdog:
         now = self.clock.time()
         st.last_run = now
         st.restarts = [r for r in st.restarts if now - r[0] < HOUR_S]
+        if self._held(now):
+            return EXIT_OK
         res = self._probe()
         if res.ok:
             if st.consecutive_failures or st.alert:
@@ -221,6 +191,15 @@ class Watchdog:
             log.warning("probe failed at %s (exit %d): %s; no restart for this stage", res.stage, res.code,
                         res.message)
             return EXIT_FAILING
+        unhealthy = {s.name: self.health(s.url.rstrip("/") + "/health") for s in cfg.servers}
+        unhealthy = {n: c for n, c in unhealthy.items() if c != 200}
+        if unhealthy:
+            st.consecutive_failures = 0
+            log.warning("probe failed at %s (exit %d): %s; not counted: /health is not 200 on %s (a server that is "
+                        "down or starting is left to systemd's Restart=on-failure and the serving role; the count "
+                        "starts again once all answer 200)", res.stage, res.code, res.message,
+                        ", ".join(f"{n} ({c or 'no answer'})" for n, c in unhealthy.items()))
+            return EXIT_FAILING
         st.consecutive_failures += 1
         log.warning("probe failed at %s (exit %d), %d/%d: %s", res.stage, res.code, st.consecutive_failures,
                     cfg.failures_before_restart, res.message)
@@ -229,14 +208,21 @@ class Watchdog:
         if st.alert:
             log.error("ALERT stands (%s): not restarting; fix it, then `pdstack watchdog --reset`", st.alert_reason)
             return EXIT_ALERT
-        unhealthy = {s.name: self.health(s.url.rstrip("/") + "/health") for s in cfg.servers}
-        unhealthy = {n: c for n, c in unhealthy.items() if c != 200}
-        if unhealthy:
-            log.warning("not restarting: /health is not 200 on %s; a server that is down or starting is left to "
-                        "systemd (Restart=on-failure) and the serving role",
-                        ", ".join(f"{n} ({c or 'no answer'})" for n, c in unhealthy.items()))
-            return EXIT_FAILING
+        if self._held(self.clock.time()):  # a rolling restart began while this step probed
+            return EXIT_OK
         return self._recover()
+
+    def _held(self, now: float) -> bool:
+        """A planned restart holds the watchdog (read_hold): no probe, no restart, the count cleared."""
+        st = self.state
+        hold = read_hold(self.cfg.hold_file, now)
+        st.held_until, st.held_reason = hold if hold else (0.0, "")
+        if hold:
+            if st.consecutive_failures:
+                log.info("failure count %d cleared", st.consecutive_failures)
+            st.consecutive_failures = 0
+            log.info("held for %.0f s more by a planned restart (%s): no probe, no restart", hold[0] - now, hold[1])
+        return hold is not None
 
     def _probe(self) -> probe_mod.ProbeResult:
         res = self.probe()
@@ -300,46 +286,6 @@ class Watchdog:
         log.info("ready: %s /health 200, router /readiness 200", ", ".join(s.name for s in servers))
         return True
 
-    # ---------------------------------------------------------------- metrics
-    def textfile(self) -> str:
-        st, now = self.state, self.clock.time()
-        recent = len([r for r in st.restarts if now - r[0] < HOUR_S])
-        lines = [
-            "# HELP pdstack_watchdog_probe_ok 1 when the last deep probe passed.",
-            "# TYPE pdstack_watchdog_probe_ok gauge",
-            f"pdstack_watchdog_probe_ok {1 if st.last_probe_code == 0 else 0}",
-            "# HELP pdstack_watchdog_probe_exit_code Exit code of the last probe (0 ok, 13 prefill/transfer, "
-            "14 decode, ...).",
-            "# TYPE pdstack_watchdog_probe_exit_code gauge",
-            f"pdstack_watchdog_probe_exit_code {st.last_probe_code if st.last_probe_code is not None else -1}",
-            "# HELP pdstack_watchdog_probe_ttft_seconds Time to first token of the last probe.",
-            "# TYPE pdstack_watchdog_probe_ttft_seconds gauge",
-            f"pdstack_watchdog_probe_ttft_seconds {st.last_probe_ttft_s if st.last_probe_ttft_s is not None else -1}",
-            "# HELP pdstack_watchdog_consecutive_failures Probe failures in a row.",
-            "# TYPE pdstack_watchdog_consecutive_failures gauge",
-            f"pdstack_watchdog_consecutive_failures {st.consecutive_failures}",
-            "# HELP pdstack_watchdog_restarts_last_hour Unit restarts by the watchdog in the last hour.",
-            "# TYPE pdstack_watchdog_restarts_last_hour gauge",
-            f"pdstack_watchdog_restarts_last_hour {recent}",
-            "# HELP pdstack_watchdog_max_restarts_per_hour The restart budget; at it, the watchdog alerts and stops.",
-            "# TYPE pdstack_watchdog_max_restarts_per_hour gauge",
-            f"pdstack_watchdog_max_restarts_per_hour {self.cfg.max_restarts_per_hour}",
-            "# HELP pdstack_watchdog_restarts_total Unit restarts by the watchdog (since its state was reset).",
-            "# TYPE pdstack_watchdog_restarts_total counter",
-            *[f'pdstack_watchdog_restarts_total{{unit="{u}"}} {n}' for u, n in sorted(st.restarts_total.items())],
-            "# HELP pdstack_watchdog_alert 1 when the watchdog gave up restarting (budget spent); needs a person.",
-            "# TYPE pdstack_watchdog_alert gauge",
-            f"pdstack_watchdog_alert {1 if st.alert else 0}",
-            "# HELP pdstack_watchdog_last_run_timestamp_seconds When the watchdog last ran.",
-            "# TYPE pdstack_watchdog_last_run_timestamp_seconds gauge",
-            f"pdstack_watchdog_last_run_timestamp_seconds {st.last_run:.3f}",
-            "# HELP pdstack_watchdog_last_restart_timestamp_seconds When it last restarted a unit (0: never).",
-            "# TYPE pdstack_watchdog_last_restart_timestamp_seconds gauge",
-            f"pdstack_watchdog_last_restart_timestamp_seconds {st.last_restart:.3f}",
-        ]
-        return "\n".join(lines) + "\n"
-
-
 def run_once(cfg: Config, **kw) -> int:
     """Load state, one step, save state and metrics (also when the step raised)."""
     wd = Watchdog(cfg, state=State.load(cfg.state_file), **kw)
@@ -349,7 +295,7 @@ def run_once(cfg: Config, **kw) -> int:
         wd.state.save(cfg.state_file)
         if cfg.textfile:
             try:
-                _atomic_write(cfg.textfile, wd.textfile())
+                atomic_write(cfg.textfile, textfile(wd.state, cfg.max_restarts_per_hour, wd.clock.time()))
             except OSError as e:
                 log.error("cannot write %s: %s", cfg.textfile, e)
 
@@ -400,9 +346,10 @@ def worst_case_restart_s(*, interval_s: float, failures_before_restart: int, fir
 
     Worst case: the wedge comes just after a run's probe passed. The timer (OnUnitActiveSec, a oneshot, so runs never
     overlap) starts the next run at most interval + AccuracySec after the previous one ended; a probe through a wedge
-    fails within max(first-token, stall) timeout; the K-th failing run then checks every server's /health (each
-    within health_timeout_s) and restarts. So K x (interval + accuracy + max(first token, stall)) + servers x health.
+    fails within max(first-token, stall) timeout; each failing run then checks every server's /health (each within
+    health_timeout_s) before it counts the failure, and the K-th restarts. So
+    K x (interval + accuracy + max(first token, stall) + servers x health).
     The restart itself (the unit's stop + start) and the server's load time come on top (docs/failure.md,
     "Wedge to watchdog restart")."""
     fail_s = max(first_token_timeout_s, stall_timeout_s)
-    return failures_before_restart * (interval_s + timer_accuracy_s + fail_s) + servers * health_timeout_s
+    return failures_before_restart * (interval_s + timer_accuracy_s + fail_s + servers * health_timeout_s)

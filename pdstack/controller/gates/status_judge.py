@@ -214,6 +214,10 @@ def _watchdog(inv: str, host: str, rep: dict[str, Any], now: float) -> list[Find
     if recent and not st.get("alert"):
         out.append(Finding(NOTE, where, f"restarted {len(recent)} unit(s) in the last hour (budget {budget}); last "
                            f"{recent[-1][1]} {ago(now - recent[-1][0])}", journal))
+    if (st.get("held_until") or 0) > now:
+        out.append(Finding(NOTE, where, f"held at its last run by a planned restart ({st.get('held_reason')}): no "
+                           f"probe, no restart, for {ago(st['held_until'] - now).removesuffix(' ago')} more",
+                           f"{journal} (a rollout releases it when done; the hold lapses by itself)"))
     return out
 
 

@@ -87,6 +87,8 @@ def watchdog(host: str, rep: dict[str, Any], now: float) -> list[str]:
     recent = [r for r in st.get("restarts") or [] if now - r[0] < 3600]
     code = st.get("last_probe_code")
     probe = "none yet" if code is None else "ok" if code == 0 else f"FAILED at {st.get('last_probe_stage')} ({code})"
+    if (st.get("held_until") or 0) > now:
+        probe = f"held by a planned restart ({st.get('held_reason')})"
     last = f"{st.get('last_restart') and ago(now - st['last_restart'])}" if st.get("last_restart") else "never"
     if recent:
         last += f" ({recent[-1][1]}; {st.get('last_probe_stage') or ''})"

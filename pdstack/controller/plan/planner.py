@@ -35,6 +35,9 @@ FOLDER = "sglang"
 # The front door's runtime API and maintenance switch (the frontdoor role and the rollout read them from the plan).
 MAINTENANCE_FILE = "/etc/haproxy/pdstack-maintenance.acl"
 RUNTIME_SOCKET = "/run/haproxy/admin.sock"  # HAProxy's runtime API (stats socket, level admin)
+# A rolling restart holds the watchdog (on the router host) with this file while a server is out: pdstack/hostside/
+# drain.py writes it, watchdog.py reads it; on /run, so a reboot drops a hold a killed play left behind
+WATCHDOG_HOLD_FILE = "/run/pdstack/watchdog-hold.json"
 # The router's --request-timeout-secs is the request budget (pdstack_router.request_timeout_secs) plus this: HAProxy's
 # `timeout server` (the budget) ends a request first, so the router never retries an attempt that timed out
 ROUTER_TIMEOUT_MARGIN_SECS = 30
@@ -434,7 +437,8 @@ def build_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fa
                             "grafana": {"datasource_uid": DATASOURCE_UID, "folder": FOLDER},
                             **exporter_ports(dep)},
                 rollout={"drain_timeout_secs": dep.rollout["drain_timeout_secs"] or dep.router["request_timeout_secs"],
-                         "probe_timeout_secs": dep.rollout["probe_timeout_secs"]})
+                         "probe_timeout_secs": dep.rollout["probe_timeout_secs"],
+                         "watchdog_hold_file": WATCHDOG_HOLD_FILE})
 
 
 def exporter_ports(dep: Deployment) -> dict[str, int]:
