@@ -182,6 +182,13 @@ def test_a_planned_restart_holds_the_watchdog_no_probe_no_restart_count_cleared(
     assert step(cfg, clock, world) == W.EXIT_RECOVERED
 
 
+def test_a_holds_reason_reaches_the_journal_and_state_as_one_bounded_line(tmp_path):
+    hold_file = hold_for(tmp_path, 60, "rolling restart of x\nFAKE: restarting everything\x1b[31m" + "y" * 500)
+    until, reason = W.read_hold(str(hold_file), __import__("time").time())
+    assert "\n" not in reason and "\x1b" not in reason and len(reason) == 200
+    assert reason.startswith("rolling restart of x FAKE: restarting everything")
+
+
 def test_a_hold_written_while_the_kth_probe_ran_stops_the_restart(tmp_path):
     hold_file = tmp_path / "run" / "watchdog-hold.json"
     cfg, clock, world = make(tmp_path, hold_file=str(hold_file), failures_before_restart=1)

@@ -90,14 +90,19 @@ def read_hold(path: str, now: float) -> tuple[float, str] | None:
     if until <= now:
         # a play stopped before it released the hold: said once, then the file goes
         log.warning("hold file %s lapsed %.0f s ago (%s) without a release; removed, not held", path, now - until,
-                    str(data.get("reason", ""))[:200])
+                    _printable(data.get("reason", "")))
         with contextlib.suppress(OSError):
             os.unlink(path)
         return None
     if until - now > MAX_HOLD_S:
         log.warning("hold file %s reaches %.0f s ahead, more than %d s; not held", path, until - now, MAX_HOLD_S)
         return None
-    return float(until), str(data.get("reason", ""))[:200]
+    return float(until), _printable(data.get("reason", ""))
+
+
+def _printable(reason: object) -> str:
+    # the reason goes to the journal and the metrics' state file: one line, no control characters, bounded
+    return "".join(c if c.isprintable() else " " for c in str(reason))[:200]
 
 
 def textfile(st: State, max_restarts_per_hour: int, now: float) -> str:
