@@ -19,7 +19,7 @@ Subcommands (each prints one JSON object on stdout; exit 0 = done, 1 = failed wi
   maintenance  on|off --socket PATH --acl FILE: the front door's switch (`add acl` / `del acl` on the runtime API)
   hold         --file PATH --seconds S --reason TEXT: the watchdog (pdstack/hostside/watchdog.py) stands down until
                S seconds from now: a planned restart is not a wedge, and its probes fail while the server is down
-               or the router has not taken it back yet (counted, they made the watchdog restart the other servers)
+               or the router has not taken it back yet (counted, they can make it restart the other servers)
   release      --file PATH: the watchdog watches again (the hold also lapses by itself after S seconds)
 
 The routes and the answers are sglang-router 0.3.2's worker API (GET /workers -> {"workers": [{"id", "url",
