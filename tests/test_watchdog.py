@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -161,7 +162,7 @@ def test_a_planned_restart_holds_the_watchdog_no_probe_no_restart_count_cleared(
     failures before the hold built; released, it probes again and needs K fresh failures."""
     hold_file = tmp_path / "run" / "watchdog-hold.json"
     cfg, clock, world = make(tmp_path, hold_file=str(hold_file))
-    clock.t = __import__("time").time()  # the hold's "until" is wall-clock (drain.py runs on the host)
+    clock.t = time.time()  # the hold's "until" is wall-clock (drain.py runs on the host)
     world.wedged = True
     assert [step(cfg, clock, world) for _ in range(2)] == [W.EXIT_FAILING] * 2  # 2 of K = 3
     probes = world.probes
@@ -184,7 +185,7 @@ def test_a_planned_restart_holds_the_watchdog_no_probe_no_restart_count_cleared(
 
 def test_a_holds_reason_reaches_the_journal_and_state_as_one_bounded_line(tmp_path):
     hold_file = hold_for(tmp_path, 60, "rolling restart of x\nFAKE: restarting everything\x1b[31m" + "y" * 500)
-    until, reason = W.read_hold(str(hold_file), __import__("time").time())
+    until, reason = W.read_hold(str(hold_file), time.time())
     assert "\n" not in reason and "\x1b" not in reason and len(reason) == 200
     assert reason.startswith("rolling restart of x FAKE: restarting everything")
 
@@ -192,7 +193,7 @@ def test_a_holds_reason_reaches_the_journal_and_state_as_one_bounded_line(tmp_pa
 def test_a_hold_written_while_the_kth_probe_ran_stops_the_restart(tmp_path):
     hold_file = tmp_path / "run" / "watchdog-hold.json"
     cfg, clock, world = make(tmp_path, hold_file=str(hold_file), failures_before_restart=1)
-    clock.t = __import__("time").time()
+    clock.t = time.time()
     world.wedged = True
     fails = world.probe
 
@@ -217,7 +218,7 @@ def test_a_hold_written_while_the_kth_probe_ran_stops_the_restart(tmp_path):
 def test_a_lapsed_or_bad_hold_file_does_not_silence_the_watchdog(tmp_path, caplog, content, why):
     hold_file = tmp_path / "run" / "watchdog-hold.json"
     cfg, clock, world = make(tmp_path, hold_file=str(hold_file), failures_before_restart=1)
-    clock.t = __import__("time").time()
+    clock.t = time.time()
     if content is None:
         hold_for(tmp_path, 1)
         clock.t += 2
@@ -230,6 +231,13 @@ def test_a_lapsed_or_bad_hold_file_does_not_silence_the_watchdog(tmp_path, caplo
     assert hold_file.exists() == (content is not None)  # a lapsed hold is removed; a bad one is left for a person
 
 
+def test_the_writer_and_the_reader_of_a_hold_agree_on_its_longest():
+    # drain.py is copied alone onto the router host, so it cannot import watchdog_state's bound: a twin, kept equal
+    from pdstack.hostside import drain, watchdog_state
+
+    assert drain.MAX_HOLD_S == watchdog_state.MAX_HOLD_S == 6 * 3600
+
+
 @pytest.mark.parametrize("seconds", ["0", "-5", "nan", "inf", "999999"])
 def test_drain_hold_refuses_a_hold_of_no_or_unbounded_length(tmp_path, capsys, seconds):
     from pdstack.hostside import drain
@@ -239,7 +247,7 @@ def test_drain_hold_refuses_a_hold_of_no_or_unbounded_length(tmp_path, capsys, s
     assert "a hold lasts more than 0 and at most 21600 s" in capsys.readouterr().err and not path.exists()
     assert drain.main(["hold", "--file", str(path), "--seconds", "90", "--reason", 'a "quoted"\nreason']) == 0
     got = json.loads(path.read_text())
-    assert got["reason"] == 'a "quoted"\nreason' and 85 < got["until"] - __import__("time").time() <= 90
+    assert got["reason"] == 'a "quoted"\nreason' and 85 < got["until"] - time.time() <= 90
 
 
 @pytest.mark.parametrize("code", [P.ROUTER_DOWN, P.ADMISSION])
