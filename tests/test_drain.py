@@ -130,6 +130,42 @@ def test_maintenance_switch_through_the_runtime_socket(stack):
     assert rc == 1 and "runtime API" in err, err
 
 
+def test_a_restarts_first_and_last_steps_hold_and_release_with_the_switch(stack, tmp_path):
+    """restart.yml's first task (`mode --hold-*`) and its `always` task (`finish`), against the real router and
+    HAProxy: the hold is written whatever the mode; finish switches maintenance off and releases, and a front door
+    that cannot be switched still releases the hold (exit 0, the error in the JSON)."""
+    sock, acl = str(stack.frontdoor.socket_path), str(stack.frontdoor.maintenance_file)
+    hold_file = tmp_path / "run" / "watchdog-hold.json"
+    hold = ["--hold-file", str(hold_file), "--hold-seconds", "120", "--hold-reason", "rolling restart of decode-0"]
+    t0 = time.time()
+    rc, out, err = run("mode", "--router", stack.router.url, "--drain", "frontdoor", "--socket", sock, "--acl", acl,
+                       *hold)
+    assert rc == 0 and out["mode"] == "frontdoor" and out["hold"]["changed"], err
+    written = json.loads(hold_file.read_text())
+    assert written["reason"] == "rolling restart of decode-0" and t0 + 119 <= written["until"] <= time.time() + 121
+    assert run("maintenance", "on", "--socket", sock, "--acl", acl)[0] == 0
+    assert admission.request(stack.frontdoor.url, 4)["status"] == 503
+    rc, out, err = run("finish", "--hold-file", str(hold_file), "--socket", sock, "--acl", acl)
+    assert rc == 0 and out["maintenance"]["changed"] and out["release"]["changed"] and out["changed"], (out, err)
+    assert not hold_file.exists() and admission.request(stack.frontdoor.url, 4)["status"] == 200
+    # no router answers: mode none, the hold is still written (a plain restart's probes fail too)
+    rc, out, _ = run("mode", "--router", f"http://127.0.0.1:{free_port()}", "--drain", "router", "--socket", sock,
+                     *hold)
+    assert (rc, out["mode"]) == (0, "none") and hold_file.exists(), out
+    rc, out, err = run("finish", "--hold-file", str(hold_file), "--socket", "/nonexistent.sock", "--acl", acl)
+    assert rc == 0 and "runtime API" in out["maintenance"]["error"] and "runtime API" in err, (out, err)
+    assert out["release"]["changed"] and not hold_file.exists()
+    # a hold that cannot be written fails the first step (exit 1): the restart does not start
+    rc, _, err = run("mode", "--router", stack.router.url, "--drain", "router", "--socket", sock,
+                     "--hold-file", "/proc/pdstack/hold.json", "--hold-seconds", "60", "--hold-reason", "x")
+    assert rc == 1 and "hold file" in err, err
+    # the three --hold-* go together; finish's --socket and --acl too (usage: exit 2)
+    assert run("mode", "--router", stack.router.url, "--drain", "router", "--socket", sock,
+               "--hold-file", str(hold_file))[0] == 2
+    assert run("finish", "--hold-file", str(hold_file), "--socket", sock)[0] == 2
+    assert not hold_file.exists()
+
+
 def test_a_runtime_command_cannot_carry_a_second_command():
     with pytest.raises(drain.Failed, match="line break"):
         drain.runtime_api("/nonexistent.sock", "add acl /x on\nshow info")

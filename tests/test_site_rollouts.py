@@ -126,9 +126,9 @@ def watchdog_runs_since(host: str, t0: float) -> list[str]:
 
 
 def assert_the_watchdog_held_still(host: str, t0: float) -> None:
-    """A rolling restart holds the watchdog (roles/serving, drain.py hold): during it no run probed or restarted.
-    Without the hold its probes failed while the only prefill was down (the router's 502), and two failures in a
-    row (K=2 here) restart the decodes, then the prefill, behind the rollout's back."""
+    """A rolling restart holds the watchdog (roles/serving: drain.py mode --hold-*, then finish): during it no run
+    probed or restarted. Without the hold its probes failed while the only prefill was down (the router's 502), and
+    two failures in a row (K=2 here) restart the decodes, then the prefill, behind the rollout's back."""
     lines = watchdog_runs_since(host, t0)
     assert any("held for" in x and "rolling restart of" in x for x in lines), lines[-20:]
     assert not [x for x in lines if "probe failed" in x or "restarting" in x], lines[-20:]

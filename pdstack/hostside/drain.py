@@ -9,8 +9,10 @@ Two ways to keep clients from noticing a restart (the plan's `rollout.drain` for
 
 Subcommands (each prints one JSON object on stdout; exit 0 = done, 1 = failed with the reason on stderr, 2 = usage):
 
-  mode         --router URL --drain router|frontdoor --socket PATH: which way applies now ("none" when no router
-               answers /workers yet, a first deploy, or the front door's socket is missing)
+  mode         --router URL --drain router|frontdoor --socket PATH [--hold-file PATH --hold-seconds S
+               --hold-reason TEXT]: which way applies now ("none" when no router answers /workers yet, a first
+               deploy, or the front door's socket is missing); with --hold-*, it also holds the watchdog (`hold`),
+               whatever the way: the first step of a restart (roles/serving/tasks/restart.yml) is one task
   out          --router URL --worker-url URL [--timeout S]: out of the router (a worker it does not list: unchanged)
   wait         --metrics URL --gauges server|frontdoor [--timeout S]: poll the in-flight gauges until they sum to 0
                on two polls in a row, a second apart (a request routed just before `out` is counted by then);
@@ -21,6 +23,9 @@ Subcommands (each prints one JSON object on stdout; exit 0 = done, 1 = failed wi
                S seconds from now: a planned restart is not a wedge, and its probes fail while the server is down
                or the router has not taken it back yet (counted, they can make it restart the other servers)
   release      --file PATH: the watchdog watches again (the hold also lapses by itself after S seconds)
+  finish       --hold-file PATH [--socket PATH --acl FILE]: the restart's `always` step as one task: the front
+               door's maintenance off (with --socket; a failure to switch it is reported in the JSON and on
+               stderr, not fatal, as a switch that was never on), then `release`; exit 1 only when the hold stays
 
 The routes and the answers are sglang-router 0.3.2's worker API (GET /workers -> {"workers": [{"id", "url",
 "is_healthy", ...}]}, DELETE /workers/{id} -> 202, POST /workers -> 202) and HAProxy 2.6's runtime API (an empty
@@ -228,6 +233,20 @@ def release(path: str) -> dict:
     return {"changed": True, "msg": "watchdog released"}
 
 
+def finish(hold_file: str, sock: str | None, acl: str | None) -> dict:
+    """Maintenance off (when `sock`), then the hold released, the second whatever the first did."""
+    out: dict = {"changed": False, "maintenance": None}
+    if sock:
+        try:
+            out["maintenance"] = maintenance("off", sock, acl or "")
+            out["changed"] = out["maintenance"]["changed"]
+        except Failed as e:
+            out["maintenance"] = {"changed": False, "error": str(e)}
+            print(f"drain.py finish: maintenance off: {e}", file=sys.stderr)
+    out["release"] = release(hold_file)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="drain.py", description=__doc__.split("\n", 1)[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -237,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--socket", required=True)
     m.add_argument("--acl", help="the maintenance switch's ACL file: without it loaded, the front door is not "
                    "pdstack's yet (mode none)")
+    m.add_argument("--hold-file", help="also hold the watchdog (as `hold --file`): the plan's "
+                   "rollout.watchdog_hold_file")
+    m.add_argument("--hold-seconds", type=float)
+    m.add_argument("--hold-reason")
     o = sub.add_parser("out")
     o.add_argument("--router", required=True)
     o.add_argument("--worker-url", required=True)
@@ -259,10 +282,23 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--reason", required=True)
     r = sub.add_parser("release")
     r.add_argument("--file", required=True)
+    f = sub.add_parser("finish")
+    f.add_argument("--hold-file", required=True)
+    f.add_argument("--socket", help="the front door's runtime socket: switch maintenance off (frontdoor mode)")
+    f.add_argument("--acl")
     a = ap.parse_args(argv)
+    if a.cmd == "mode" and len({a.hold_file is None, a.hold_seconds is None, a.hold_reason is None}) > 1:
+        ap.error("mode: --hold-file, --hold-seconds and --hold-reason go together (all three or none)")
+    if a.cmd == "finish" and bool(a.socket) != bool(a.acl):
+        ap.error("finish: --socket and --acl go together (the front door's maintenance switch)")
     try:
         if a.cmd == "mode":
+            # mode first (it only reads; a failure leaves no hold behind, and this task is before the restart's
+            # block, so no `always` would release one), then the hold: a restart that cannot hold the watchdog
+            # fails here, before anything changed
             out = mode(a.router, a.drain, a.socket, a.acl)
+            if a.hold_file is not None:
+                out["hold"] = hold(a.hold_file, a.hold_seconds, a.hold_reason)
         elif a.cmd == "out":
             out = take_out(a.router, a.worker_url, a.timeout)
         elif a.cmd == "wait":
@@ -279,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
             out = hold(a.file, a.seconds, a.reason)
         elif a.cmd == "release":
             out = release(a.file)
+        elif a.cmd == "finish":
+            out = finish(a.hold_file, a.socket, a.acl)
         else:
             out = maintenance(a.state, a.socket, a.acl)
     except Failed as e:
