@@ -20,12 +20,12 @@ Since a server that is down resets the count, after a crash (systemd restarts th
 failures before it acts, not one probe sent before the router has taken the server back.
 
 A planned restart (roles/serving's rolling restart) holds the watchdog: the serving role writes the plan's
-`rollout.watchdog_hold_file` ({"until": epoch, "reason"}; pdstack/hostside/drain.py `hold`) before it drains a
-server and removes it once the server serves again; while it stands (at most until its `until`, so a play killed
-half way holds nothing for long) a step neither probes nor restarts and clears the count. Without it, the probes
-sent while the only prefill restarts fail (the router's 502 "Prefill server error", seen in the journal of
-tests/test_site_rollouts.py's host) and count towards restarting the decodes, then the prefill, behind the back of a
-rollout that believes it is done.
+`rollout.watchdog_hold_file` ({"until": epoch, "reason"}; pdstack/hostside/drain.py `mode --hold-*`, or `hold`)
+before it drains a server and removes it once the server serves again (`finish`, or `release`); while it stands (at
+most until its `until`, so a play killed half way holds nothing for long) a step neither probes nor restarts and
+clears the count. Without it, the probes sent while the only prefill restarts fail (the router's 502 "Prefill server
+error", seen in the journal of tests/test_site_rollouts.py's host) and count towards restarting the decodes, then
+the prefill, behind the back of a rollout that believes it is done.
 
 State (failure count, restart times, alert) persists in a JSON file between timer runs; metrics go to node_exporter's
 textfile collector (`pdstack_watchdog_*`, written atomically; both in pdstack/hostside/watchdog_state.py, with the
