@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pdstack.hostside import drain, watchdog_state
 from pdstack.hostside import probe as P
 from pdstack.hostside import watchdog as W
 
@@ -149,8 +150,6 @@ def test_a_server_down_resets_the_count_so_it_takes_k_fresh_failures_once_all_ar
 
 def hold_for(tmp_path, seconds: float, reason: str = "rolling restart of prefill-0") -> Path:
     """The hold file as the serving role writes it (drain.py `hold`: the writer; the watchdog reads it)."""
-    from pdstack.hostside import drain
-
     path = tmp_path / "run" / "watchdog-hold.json"
     out = drain.hold(str(path), seconds, reason)
     assert out["changed"] and path.exists()
@@ -174,8 +173,6 @@ def test_a_planned_restart_holds_the_watchdog_no_probe_no_restart_count_cleared(
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["consecutive_failures"] == 0 and state["held_reason"] == "rolling restart of prefill-0"
     assert "pdstack_watchdog_held 1" in (tmp_path / "wd.prom").read_text()
-    from pdstack.hostside import drain
-
     assert drain.release(str(hold_file))["changed"] and not drain.release(str(hold_file))["changed"]
     assert [step(cfg, clock, world) for _ in range(2)] == [W.EXIT_FAILING] * 2
     assert world.probes == probes + 2 and world.restarts == []
@@ -233,15 +230,11 @@ def test_a_lapsed_or_bad_hold_file_does_not_silence_the_watchdog(tmp_path, caplo
 
 def test_the_writer_and_the_reader_of_a_hold_agree_on_its_longest():
     # drain.py is copied alone onto the router host, so it cannot import watchdog_state's bound: a twin, kept equal
-    from pdstack.hostside import drain, watchdog_state
-
     assert drain.MAX_HOLD_S == watchdog_state.MAX_HOLD_S == 6 * 3600
 
 
 @pytest.mark.parametrize("seconds", ["0", "-5", "nan", "inf", "999999"])
 def test_drain_hold_refuses_a_hold_of_no_or_unbounded_length(tmp_path, capsys, seconds):
-    from pdstack.hostside import drain
-
     path = tmp_path / "hold.json"
     assert drain.main(["hold", "--file", str(path), "--seconds", seconds, "--reason", "x"]) == 1
     assert "a hold lasts more than 0 and at most 21600 s" in capsys.readouterr().err and not path.exists()
