@@ -61,6 +61,24 @@ def test_horizon_is_contiguous_from_the_shortest_length():
     assert "X" in rep.table()
 
 
+def test_pdstack_recall_heatmap_draws_the_report(tmp_path, monkeypatch, capsys):
+    """`pdstack recall --heatmap FILE` draws the report with gates/heatmap.py (recall.run_recall replaced by a
+    report of two cells, so no server is needed): a PNG at FILE, named on stdout."""
+    cells = []
+    for n, ok in ((1000, True), (2000, False)):
+        c = recall.Cell("single", n, 0, n)
+        c.outcomes.append(recall.Outcome("k", 0, "pass" if ok else "wrong"))
+        cells.append(c)
+    rep = recall.RecallReport("http://r", "t", [1000, 2000], [0], ["single"], 1, cells, min_horizon=0)
+    monkeypatch.setattr(recall, "run_recall", lambda *a, **kw: rep)
+    p = argparse.ArgumentParser()
+    recall.register(p)
+    png = tmp_path / "out" / "recall.png"
+    args = p.parse_args(["--url", "http://r", "--tokenizer", str(SIM_TOKENIZER), "--heatmap", str(png)])
+    assert recall.run(args) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"heatmap: {png}" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_answers_are_graded_by_kind(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parent / "sim"))

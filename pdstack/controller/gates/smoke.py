@@ -21,7 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pdstack.controller.gates import agent_gates, apikey, bench, recall, results, smoke_settings
+from pdstack.controller.gates import agent_gates, apikey, bench, heatmap, recall, results, smoke_settings
 from pdstack.controller.gates.smoke_settings import DEFAULTS
 from pdstack.controller.load import inventory
 from pdstack.errors import InventoryError
@@ -47,7 +47,7 @@ def run_smoke(url: str, out: Path, *, lengths: list[int], depths: list[float], t
                            needles=needles, concurrency=concurrency, timeout=timeout, min_horizon=min_horizon,
                            progress=recall.print_progress(), headers=headers)
     results.write_json(out / "recall.json", rr.to_dict())
-    png = recall.heatmap(rr, out / "recall.png")
+    png = heatmap.draw(rr, out / "recall.png")
     counts = rr.counts()
     gates["recall"] = {"passed": rr.passed, "horizon": rr.horizon(), "min_horizon": min_horizon, "counts": counts,
                        "heatmap": str(png)}

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pdstack.controller import pipeline
-from pdstack.controller.gates import apikey, recall, results, smoke_settings
+from pdstack.controller.gates import apikey, heatmap, recall, results, smoke_settings
 from pdstack.controller.load import inventory, tune_overlay
 from pdstack.controller.load.facts import load_facts
 from pdstack.controller.tune import report, settings, sweep
@@ -178,7 +178,7 @@ class Tuner:
                                variants=variants, needles=smoke["needles"], concurrency=smoke["concurrency"],
                                timeout=smoke["timeout"], min_horizon=smoke["min_horizon"], headers=headers)
         results.write_json(d / "recall.json", rr.to_dict())
-        recall.heatmap(rr, d / "recall.png")
+        heatmap.draw(rr, d / "recall.png")
         rec = {"passed": rr.passed, "horizon": rr.horizon(), "min_horizon": smoke["min_horizon"],
                "counts": rr.counts()}
         say(f"{name}: recall {'PASS' if rr.passed else 'FAIL'}, horizon {rec['horizon']} tokens")
