@@ -175,3 +175,42 @@ def test_a_world_readable_key_file_is_a_usage_error_before_any_request(tmp_path,
     err = capsys.readouterr().err
     assert rc == 2 and "chmod 600" in err and KEY not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def _preflight_static(tmp_path: Path, *args: str):
+    """The preflight role's static tasks (what site.yml runs first, on the controller) against inventory/local."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    book = tmp_path / "static.yml"
+    book.write_text("- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+                    "    - ansible.builtin.include_role: {name: preflight, tasks_from: static}\n")
+    env = {**os.environ, "ANSIBLE_CONFIG": str(root / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(root / "roles"),
+           "ANSIBLE_NOCOLOR": "1"}
+    return subprocess.run([str(root / ".venv" / "bin" / "ansible-playbook"), str(book), "-i",
+                           str(root / "inventory" / "local"), *args], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_preflight_refuses_a_key_the_key_file_cannot_carry_from_vault_too_and_never_shows_it(tmp_path):
+    """`openssl rand -base64 66` wraps at 64 characters: such a key would become two lines of the key file, two
+    keys. Preflight refuses it (and a short one) before any host changes, as Ansible resolves it (here from a
+    Vault-encrypted -e file), naming the variable, the router host and the fix, and never printing the key."""
+    import subprocess
+
+    good = "Kz8-q_Lw.7~+/abcdEFGH=="
+    wrapped = "A" * 64 + "\n" + "B" * 24
+    assert _preflight_static(tmp_path, "-e", f'{{"frontdoor_api_key": "{good}"}}').returncode == 0
+    pw = tmp_path / "vault-pass"
+    pw.write_text("a vault password\n")
+    root = Path(__file__).resolve().parents[1]
+    for key in (wrapped, "short-key", "a key with spaces in it"):
+        enc = subprocess.run([str(root / ".venv" / "bin" / "ansible-vault"), "encrypt_string", "--vault-password-file",
+                              str(pw), "--name", "frontdoor_api_key", key], capture_output=True, text=True, check=True)
+        (tmp_path / "vars.yml").write_text(enc.stdout)
+        r = _preflight_static(tmp_path, "--vault-password-file", str(pw), "-e", f"@{tmp_path / 'vars.yml'}")
+        out = r.stdout + r.stderr
+        assert r.returncode != 0, out[-3000:]
+        assert "frontdoor_api_key (router host pdstack-local-1" in out and "openssl rand -hex 32" in out, out[-3000:]
+        assert key.split("\n")[0] not in out and "B" * 24 not in out

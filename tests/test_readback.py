@@ -275,3 +275,32 @@ def test_the_render_clis_refuse_a_hand_edited_plan_without_a_traceback(good, tmp
     f.write_text(json.dumps(data))
     assert firewall.main(["--plan", str(f), "--host", data["router"]["host"], "--peer", "10.0.0.1\nflush ruleset"]) == 2
     assert "not an IP address" in capsys.readouterr().err
+
+
+def test_cors_origins_a_browser_sends_are_accepted_and_read_back(good):
+    """Origins as browsers serialise them pass and land in haproxy.cfg as one pattern each; an inventory without
+    them renders no CORS answer at all (the router's wildcard headers are only removed)."""
+    _dep, plan = good
+    fd = {**plan.router.frontdoor, "cors_origins": ["https://chat.example.com", "http://10.0.0.5:3000",
+                                                    "http://[fd00::1]:8080"]}
+    assert frontdoor_check.frontdoor_problems(fd, fd["bind"], True) == []
+    from pdstack.controller.render.encoders import parse_haproxy
+
+    back = parse_haproxy(frontdoor.haproxy_config(fd))
+    acl = [d.args for d in back if d.keyword == "acl" and d.args[0] == "pdstack_cors_origin"]
+    assert acl == [("pdstack_cors_origin", "req.fhdr(origin)", "-m", "str", "--", *fd["cors_origins"])]
+    off = frontdoor.haproxy_config(plan.router.frontdoor)
+    assert "Access-Control-Allow-Origin" not in off and "del-header Access-Control- -m beg" in off
+    for bad in ("*", "null", "https://chat.example.com/", "HTTPS://chat.example.com", "https://x.example:99999",
+                "http://x.example:80", "https://a b", 7):
+        out = frontdoor_check.frontdoor_problems({**fd, "cors_origins": [bad]}, fd["bind"], True)
+        assert out and "pdstack_router.frontdoor.cors_origins" in out[0], (bad, out)
+
+
+def test_the_public_routes_are_exactly_what_docs_admission_md_lists():
+    """docs/admission.md's table of what the public port serves is the allow-list the renderer uses."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "admission.md").read_text()
+    import re
+
+    listed = dict((p, m) for m, p in re.findall(r"^ *\| `(GET|POST)` \| `(/[^`]*)` \|", text, re.M))
+    assert listed == frontdoor.PUBLIC_ROUTES

@@ -294,6 +294,45 @@ def test_only_the_front_door_faces_a_host_that_is_not_a_peer(one_host, hosts):
     assert sh("pdstack-test-1", "nft", "list", "tables").stdout.count("table") > 1
 
 
+def _router_workers(host: str) -> list[str]:
+    """The router's worker list where pdstack's tools read it: its port on the host's loopback."""
+    r = sh(host, "python3", "-c", "import json, urllib.request; print(json.dumps(sorted(w['url'] for w in json.load("
+                                  "urllib.request.urlopen('http://127.0.0.1:8001/workers', timeout=10))['workers'])))")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_the_public_port_serves_the_api_and_never_the_routers_control_api(one_host, hosts):
+    """Issue 44 on the deployed host: the router's worker-management and cache API, in any spelling and method, is a
+    JSON 404 on the public port, and the router's own worker list (read on its loopback) is the same after; the
+    OpenAI routes serve, a browser preflight from another origin gets no CORS answer."""
+    front = f"http://{hosts['pdstack-test-1']}:8000"
+    before = _router_workers("pdstack-test-1")
+    assert len(before) == 2, before
+    attack = {"url": f"http://{hosts['pdstack-test-2']}:9", "worker_type": "decode"}
+    for path in ("/workers", "/Workers", "//workers", "/v1/../workers", "/%77orkers", "/workers;x", "/workers?x=1",
+                 "/flush_cache", "/get_model_info", "/get_loads", "/engine_metrics", "/workers/" + before[0]):
+        for method in ("GET", "POST", "DELETE"):
+            req = urllib.request.Request(front + path, method=method, data=json.dumps(attack).encode()
+                                         if method == "POST" else None, headers={"Content-Type": "application/json"})
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=10)
+            body = e.value.read().decode()
+            assert e.value.code == 404 and json.loads(body)["error"]["code"] == 404, (method, path, body)
+            assert e.value.headers["X-Pdstack-Refusal"] == "not-found" and "127.0.0.1" not in body
+    assert _router_workers("pdstack-test-1") == before
+    req = urllib.request.Request(front + "/v1/chat/completions", method="OPTIONS", headers={
+        "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 405 and not [h for h in e.value.headers if h.lower().startswith("access-control-")]
+    with urllib.request.urlopen(front + "/v1/models", timeout=10) as r:
+        assert r.status == 200 and "Access-Control-Allow-Origin" not in r.headers
+        assert json.loads(r.read())["data"][0]["id"] == "deepseek-v4-flash"
+    code, body = completion(front)
+    assert code == 200, body
+
+
 def test_killed_decode_comes_back_under_systemd(one_host, hosts):
     router = f"http://{hosts['pdstack-test-1']}:8000"
     before = container_id("pdstack-test-1", "pdstack-decode-0")

@@ -320,10 +320,17 @@ def test_haproxys_own_errors_are_openai_json(stack):
 
 
 @pytest.mark.xfail(strict=True, reason="HAProxy 2.6's H1 mux answers a request it cannot parse with its built-in "
-                   "HTML 400, ignoring errorfile and http-error (haproxy/haproxy#3032, fixed in 3.2)")
-def test_a_malformed_request_is_400_json(stack):
+                   "HTML page (400, or 422 for a Transfer-Encoding it refuses), ignoring errorfile and http-error: "
+                   "src/mux_h1.c h1_send_error writes http_err_msgs[] (haproxy/haproxy#3032, fixed in 3.2)")
+@pytest.mark.parametrize(("raw", "status"), [
+    (b"GARBAGE\r\n\r\n", 400),
+    (b"POST /generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 422),
+], ids=["malformed-request-line", "transfer-encoding-identity-chunked"])
+def test_a_request_haproxy_cannot_parse_is_json(stack, raw: bytes, status: int):
     fd = stack.with_frontdoor(max_concurrent_requests=1, queue_size=1, queue_timeout_secs=1)
-    _openai_error(_raw(fd.port, b"GARBAGE\r\n\r\n", wait=5), 400, "bad-request")
+    r = _raw(fd.port, raw, wait=5)
+    assert r["status"] == status, r  # the status is right; the body is HTML and has no X-Request-Id
+    _openai_error(r, status, "bad-request")
 
 
 def test_one_source_holds_at_most_its_share(stack):
@@ -439,8 +446,9 @@ def test_an_unknown_model_is_404_model_not_found_through_the_openai_sdk(stack):
     _json_error(r, 404, code="model_not_found")
     r = _raw(fd.port, _req("POST", "/v1/completions", json.dumps({"model": "nope", "prompt": "hi"}).encode()))
     assert r["status"] == 404 and r["headers"]["x-pdstack-refusal"] == "model-not-found", r
-    # no model named (SGLang's default) and SGLang's native /generate: served
-    assert _raw(fd.port, _req("POST", "/v1/chat/completions", _chat(2)), wait=20)["status"] == 200
+    # no model named: 400 model_required, as OpenAI's API answers; SGLang's native /generate (no model): served
+    r = _raw(fd.port, _req("POST", "/v1/chat/completions", _chat(2)), wait=20)
+    assert _json_error(r, 400, code="model_required")["type"] == "invalid_request_error"
     assert request(fd.url, 2)["status"] == 200
 
 
@@ -535,3 +543,217 @@ def test_an_answer_larger_than_the_buffers_frees_the_slot_and_the_stalled_client
         finally:
             s.close()
         assert gone < 3 + 4.0, (freed, gone)
+
+
+# --- the public port serves the inference API and nothing else (issue 44) ---------------------------------------
+
+CONTROL_PATHS = ["/workers", "/workers/0", "/flush_cache", "/get_model_info", "/get_server_info", "/get_loads",
+                 "/engine_metrics", "/liveness", "/metrics", "/ha/status", "/ha/workers", "/wasm", "/v1/tokenize",
+                 "/v1/responses", "/v1/tokenizers", "/parse/function_call", "/v1/models/pdstack-sim"]
+# the spellings of /workers a client may try; every one is another request target than an allowed one
+SPELLINGS = ["/Workers", "/WORKERS", "//workers", "/./workers", "/v1/../workers", "/%77orkers", "/%2Fworkers",
+             "/workers/", "/workers;x", "/workers?x=1", "/workers%3Fx", "/v1/models/../../workers",
+             "/%2e%2e/workers", "/generate/../workers", "/health/../workers", "/v1/chat/completions/../../workers",
+             "/v1/models?x", "/v1/models/", "/V1/models", "/health;", "/health?", "*"]
+
+
+def _workers(st: admission.Stack) -> list[str]:
+    """The router's own worker list, read where pdstack's tools read it: the router's port on loopback."""
+    _, raw = admission.http_get(st.router.url + "/workers", timeout=5)
+    return sorted(w["url"] for w in json.loads(raw)["workers"])
+
+
+def _refused_404(r: dict, st: admission.Stack) -> None:
+    assert _json_error(r, 404)["type"] == "invalid_request_error", r
+    assert r["headers"].get("x-pdstack-refusal") == "not-found", r
+    assert not [h for h in r["headers"] if h.startswith("access-control-")], r["headers"]
+    _no_leak(r, st)
+
+
+def test_the_routers_control_api_is_refused_in_every_spelling_and_the_deployment_is_unchanged(stack):
+    """Every control path, method and spelling gets a JSON 404 from the front door (with the API key on too: a
+    user key is no admin key); the router's worker list is the same before and after, nothing connected to the
+    URL a client offered as a worker, and the public routes still serve."""
+    workers = _workers(stack)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    evil = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    add = json.dumps({"url": evil, "worker_type": "decode"}).encode()
+    for key in (None, "a-user-key-of-16+"):
+        fd = stack.with_frontdoor(max_concurrent_requests=4, queue_size=4, queue_timeout_secs=5, api_key=key,
+                                  served_models=["pdstack-sim"])
+        auth = f"Authorization: Bearer {key}\r\n".encode() if key else b""
+
+        def send(method: str, target: str, body: bytes = b"", host: bytes = b"x", port: int = fd.port,
+                 auth: bytes = auth) -> dict:
+            return _raw(port, f"{method} {target} HTTP/1.1\r\n".encode() + b"Host: " + host + b"\r\n" + auth
+                        + b"Content-Type: application/json\r\nConnection: close\r\n"
+                        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body, wait=10)
+
+        for path in CONTROL_PATHS:
+            for method in ("GET", "POST", "DELETE", "PUT", "PATCH", "OPTIONS", "HEAD"):
+                r = send(method, path, add if method == "POST" else b"")
+                if method == "HEAD":
+                    assert r["status"] == 404 and r["headers"]["x-pdstack-refusal"] == "not-found", r
+                else:
+                    _refused_404(r, stack)
+        for target in SPELLINGS:
+            _refused_404(send("POST", target, add), stack)
+        # a fragment is no valid request target: HAProxy's parser refuses it (its HTML 400, docs/admission.md)
+        assert send("POST", "/workers#x", add)["status"] == 400
+        for target in ("http://x/workers", "http://x/v1/models", "http://127.0.0.1:1/v1/chat/completions"):
+            r = send("POST" if "chat" in target else "GET", target)  # absolute-form: another request target
+            assert r["status"] in (400, 404) and r["status"] != 200, r
+        assert send("GET", "/v1/models")["status"] == 200
+        assert send("GET", "/health")["status"] == 200 and send("GET", "/readiness")["status"] == 200
+    time.sleep(1.0)
+    with pytest.raises(TimeoutError):
+        listener.accept()  # the router never heard of the offered worker
+    listener.close()
+    assert _workers(stack) == workers
+    assert request(fd.url, 2)["status"] == 401  # the key is still required on the last front door
+
+
+def test_a_public_route_takes_only_its_methods(stack):
+    fd = stack.with_frontdoor(max_concurrent_requests=2, queue_size=2, queue_timeout_secs=5)
+    for method, path, allow in (("GET", "/v1/chat/completions", "POST"), ("PUT", "/v1/completions", "POST"),
+                                ("DELETE", "/generate", "POST"), ("POST", "/v1/models", "GET, HEAD"),
+                                ("POST", "/health", "GET, HEAD"), ("PATCH", "/readiness", "GET, HEAD"),
+                                ("OPTIONS", "/v1/chat/completions", "POST")):
+        r = _raw(fd.port, _req(method, path), wait=10)
+        _json_error(r, 405)
+        assert r["headers"]["allow"] == allow and r["headers"]["x-pdstack-refusal"] == "method-not-allowed", r
+    r = _raw(fd.port, b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", wait=10)
+    assert r["status"] == 200, r
+
+
+def _preflight(port: int, origin: str, path: str = "/v1/chat/completions") -> dict:
+    return _raw(port, (f"OPTIONS {path} HTTP/1.1\r\nHost: x\r\nOrigin: {origin}\r\nAccess-Control-Request-Method: "
+                       "POST\r\nAccess-Control-Request-Headers: authorization, content-type\r\nConnection: close\r\n"
+                       "\r\n").encode(), wait=10)
+
+
+def test_cors_is_off_by_default_and_only_the_allowed_origins_get_it(stack):
+    """The router answers every request with wildcard CORS; none of it leaves the front door. With
+    cors_origins, a browser preflight from that origin is answered and its requests carry its origin; any other
+    origin's preflight is refused and its answers name no origin."""
+    fd = stack.with_frontdoor(max_concurrent_requests=2, queue_size=2, queue_timeout_secs=5)
+    r = _preflight(fd.port, "https://evil.example")
+    assert r["status"] == 405 and not [h for h in r["headers"] if h.startswith("access-control-")], r
+    for path in ("/v1/models", "/health"):
+        r = _raw(fd.port, f"GET {path} HTTP/1.1\r\nHost: x\r\nOrigin: https://evil.example\r\nConnection: close"
+                          f"\r\n\r\n".encode(), wait=10)
+        assert r["status"] == 200 and not [h for h in r["headers"] if h.startswith("access-control-")], r
+    # the router itself does answer with a wildcard (what the front door removes)
+    _, raw_router = admission.http_get(stack.router.url + "/v1/models", timeout=5)
+    ok = "https://chat.example.com"
+    fd = stack.with_frontdoor(max_concurrent_requests=2, queue_size=2, queue_timeout_secs=5, cors_origins=[ok],
+                              served_models=["pdstack-sim"])
+    r = _preflight(fd.port, ok)
+    assert r["status"] == 204, r
+    h = r["headers"]
+    assert h["access-control-allow-origin"] == ok and h["vary"] == "Origin", h
+    assert h["access-control-allow-headers"] == "authorization, content-type", h
+    assert "POST" in h["access-control-allow-methods"] and "*" not in json.dumps(h), h
+    for origin in ("https://evil.example", "https://chat.example.com.evil.example", "null", "https://CHAT.example.com"):
+        r = _preflight(fd.port, origin)
+        assert r["status"] == 405 and "access-control-allow-origin" not in r["headers"], (origin, r)
+    r = _preflight(fd.port, ok, "/workers")  # no preflight answer for a path that is not public
+    assert r["status"] == 404 and "access-control-allow-methods" not in r["headers"], r
+    body = _chat(2, model="pdstack-sim")
+    r = _raw(fd.port, (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: {ok}\r\nContent-Type: "
+                       f"application/json\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+             + body, wait=20)
+    assert r["status"] == 200 and r["headers"]["access-control-allow-origin"] == ok, r
+    assert "x-request-id" in r["headers"]["access-control-expose-headers"].lower(), r
+
+
+def test_http2_is_not_spoken_so_one_connection_carries_one_request_and_the_share_holds(stack):
+    """HTTP/2 with prior knowledge would carry up to 100 requests on one connection, past a per-source count of
+    connections: the public port speaks HTTP/1.1 only. An HTTP/2 preface is answered in HTTP/1.1 (no SETTINGS
+    frame), an h2c upgrade is not taken (200 in HTTP/1.1), curl's multiplexing client gets nothing served, and one
+    source's share (max_connections_per_source) holds while a second source is served."""
+    fd = stack.with_frontdoor(max_concurrent_requests=4, queue_size=0, queue_timeout_secs=5,
+                              max_connections_per_source=2, served_models=["pdstack-sim"])
+    s = socket.create_connection(("127.0.0.1", fd.port), timeout=5)
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+    first = s.recv(64)
+    s.close()
+    assert first.startswith(b"HTTP/1.1 400"), first
+    r = _raw(fd.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+                      b"HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n", wait=5)
+    assert r["status"] == 200, r
+    import shutil
+    import subprocess
+
+    if shutil.which("curl"):
+        body = _chat(int(2 * DECODE_TPS), model="pdstack-sim").decode()
+        cmd = ["curl", "-s", "--http2-prior-knowledge", "--parallel", "--parallel-immediate", "--parallel-max", "10",
+               "-o", "/dev/null", "-w", "%{http_code} %{http_version}\n", "-H", "Content-Type: application/json"]
+        for _ in range(10):
+            cmd += ["--data", body, f"{fd.url}/v1/chat/completions"]
+        h2 = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    else:  # Debian's curl is in ./dev.sh's packages; without it the preface above is the proof
+        h2 = None
+    long_body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": int(2 * DECODE_TPS)}}).encode()
+    req = _post(len(long_body), b"Connection: close\r\n") + long_body
+    out: list[dict] = []
+    ths = [threading.Thread(target=lambda: out.append(_raw(fd.port, req, wait=20))) for _ in range(4)]
+    for t in ths:
+        t.start()
+    time.sleep(0.5)
+    other = _raw(fd.port, req, wait=20, source="127.0.0.2")
+    for t in ths:
+        t.join()
+    assert other["status"] == 200, other
+    assert sorted(r["status"] for r in out) == [200, 200, 429, 429], out
+    if h2 is not None:
+        lines = h2.communicate(timeout=30)[0].split("\n")
+        assert not [ln for ln in lines if ln.startswith("200")], lines  # no request served over HTTP/2
+
+
+def test_the_model_check_reads_the_key_as_the_router_does(stack):
+    """The router decodes \\u escapes in keys and refuses a duplicate key; HAProxy's json_query reads neither and
+    stops past 20 levels of nesting. A body whose model HAProxy cannot read as the router will is refused, so no
+    spelling gets another model served (before this, the first two below were served as "gpt-evil")."""
+    fd = stack.with_frontdoor(max_concurrent_requests=2, queue_size=2, queue_timeout_secs=5,
+                              served_models=["pdstack-sim"])
+    msgs = '"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2'
+    deep, deep19 = "[" * 20 + "]" * 20, "[" * 19 + "]" * 19
+
+    def body(template: str) -> str:
+        return template.replace("MSGS", msgs).replace("DEEP19", deep19).replace("DEEP", deep)
+
+    cases = [
+        ('{"\\u006dodel": "gpt-evil", MSGS}', 400, "model_key_escaped"),
+        ('{"x": DEEP, "model": "gpt-evil", MSGS}', 400, "model_required"),
+        ('{"mod\\u0065l": "gpt-evil", "model": "pdstack-sim", MSGS}', 400, "model_key_escaped"),
+        ('{"model": "pdstack-sim", "\\u006D\\u006F\\u0064\\u0065\\u006C": "gpt-evil", MSGS}', 400,
+         "model_key_escaped"),
+        ('{"model": "pdstack-sim", MSGS, "model": "gpt-evil"}', 400, ""),  # the router's: duplicate field
+        ('{"x": DEEP, "model": "pdstack-sim", MSGS}', 400, "model_required"),
+        ('[{"model": "pdstack-sim"}]', 400, "model_required"),
+        ('{"model": "gpt-evil", MSGS}', 404, "model_not_found"),
+    ]
+    for template, status, code in cases:
+        for path in ("/v1/chat/completions", "/v1/completions"):
+            b = body(template)
+            if path == "/v1/completions":
+                b = b.replace(msgs, '"prompt": "hi", "max_tokens": 2')
+            r = _raw(fd.port, _req("POST", path, b.encode()), wait=20)
+            if code:
+                _json_error(r, status, code=code)
+            else:  # the router refuses a duplicate key: 400 on chat, 422 on completions (both say "duplicate")
+                assert r["status"] in (400, 422) and "duplicate field" in _json_error(r, r["status"], "")["message"]
+            assert "gpt-evil" not in r["body"], (b, r)
+    served = [body(t) for t in (
+        '{"model": "pdstack-sim", "Model": "gpt-evil", MSGS}',  # another key: the router ignores it
+        '{"x": DEEP19, "model": "pdstack-sim", MSGS}',
+        '{"model": "pdstack\\u002dsim", MSGS}',  # an escaped value is decoded by both
+        '{"model": "pdstack-sim", "messages": [{"role": "user", "content": "say \\"\\u006dodel\\": x"}], '
+        '"max_tokens": 2}')]
+    for body in served:
+        r = _raw(fd.port, _req("POST", "/v1/chat/completions", body.encode()), wait=20)
+        assert r["status"] == 200 and json.loads(r["body"])["model"] == "pdstack-sim", (body, r)

@@ -89,6 +89,7 @@ def _deployment_problems(dep: Deployment, servers, p: list[str]) -> None:
         if role not in roles:
             p.append(f"pdstack_servers: no {role} server in any host_vars; a PD deployment needs at least one "
                      f"(add a server with role: {role})")
+    _admission_capacity_problems(dep, servers, p)
     seen: dict[str, str] = {}
     for host, i, s in servers:
         key = s["name"].lower()  # unit and container names are case-sensitive, but file systems may not be
@@ -104,6 +105,25 @@ def _deployment_problems(dep: Deployment, servers, p: list[str]) -> None:
         if h.numa_reserve_gb < 0:
             p.append(f"host_vars/{name} pdstack_numa_reserve_gb: {h.numa_reserve_gb:g} is negative; it is memory "
                      "kept back per NUMA node (>= 0, e.g. 32)")
+
+
+def _admission_capacity_problems(dep: Deployment, servers, p: list[str]) -> None:
+    """The front door lets N requests run, and the watchdog's probe is one more: decode must be able to run N + 1 at
+    once, or the front door admits requests decode can only queue. Checked when every decode server caps itself
+    (extra_args.max-running-requests); otherwise SGLang sizes the cap from GPU memory at start, which no inventory
+    says."""
+    n = dep.router["admission"]["max_concurrent_requests"]
+    caps = [(host, i, s, budgets.sink_value(s["extra_args"].get("max-running-requests"), int))
+            for host, i, s in servers if s["role"] == "decode"]
+    if n <= 0 or not caps or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for *_, c in caps):
+        return
+    total = sum(c for *_, c in caps)
+    if total < n + 1:
+        each = ", ".join(f"{_where(h, i, s)} {c}" for h, i, s, c in caps)
+        p.append(f"pdstack_router.admission.max_concurrent_requests: {n} (+ 1 for the watchdog's probe) is more than "
+                 f"the decode servers can run at once: extra_args.max-running-requests {each} = {total}; lower "
+                 f"max_concurrent_requests to {max(total - 1, 1)} (group_vars/all/router.yml) or raise the decode "
+                 f"servers' max-running-requests to {n + 1} in all")
 
 
 def _server_problems(dep: Deployment, host: str, i: int, s: dict, p: list[str]) -> None:

@@ -298,6 +298,9 @@ FRONTDOOR = Schema("frontdoor", {
     "max_connections_per_source": Field((int,), "connections one client address may hold at once (requests in flight, "
                                         "queued or being read); beyond: 429 source-limit. 0: no limit (clients "
                                         "behind one proxy or NAT share an address)", default=0, check=_non_negative),
+    "cors_origins": Field((list,), "browser origins (scheme://host[:port], lower case) whose pages may call the API: "
+                          "they get CORS answers (Access-Control-Allow-Origin). Empty: no CORS, browsers on other "
+                          "origins are refused", default=list),
     "client_timeout_secs": Field((int,), "seconds a client may read nothing of its answer once the front door's "
                                  "buffers towards it are full; then it is let go (HAProxy timeout client)",
                                  default=30, check=_positive),

@@ -358,6 +358,7 @@ def frontdoor_plan(dep: Deployment) -> dict[str, Any]:
             "queue_timeout_secs": adm["queue_timeout_secs"], "retry_after_secs": fd["retry_after_secs"],
             "request_read_timeout_secs": fd["request_read_timeout_secs"], "max_body_bytes": fd["max_body_bytes"],
             "max_connections_per_source": fd["max_connections_per_source"],
+            "cors_origins": list(fd["cors_origins"]),
             # the one time budget: HAProxy answers 504 JSON when the router has not answered within it (the
             # router's own timeout is later, so it never retries a timed-out request)
             "server_timeout_secs": r["request_timeout_secs"], "client_timeout_secs": fd["client_timeout_secs"],

@@ -30,8 +30,20 @@ admission lives in HAProxy (Debian's haproxy 2.6) in front of it, on the deploym
 - the router's errors leave as OpenAI-shaped JSON too: a 5xx body is never passed on (it names internal
   addresses and workers: "error sending request for url (http://127.0.0.1:...)"); a 4xx that is not JSON is
   wrapped (its text kept as the message unless it names an address); `Server` and x-smg-error-code are dropped;
-- a request for a model the deployment does not serve (the JSON body's "model", on /v1/) gets 404
-  `model_not_found`, as OpenAI's API answers, instead of being served by whatever model runs;
+- the public port is an allow-list (PUBLIC_ROUTES): the exact request targets clients need, each with its
+  methods; any other target (the router's worker-management API, /flush_cache, /get_model_info, ..., in any
+  spelling: case, `//`, `..`, percent-encoding, absolute-form, `;`, a query string) gets a JSON 404 naming nothing
+  internal, another method a JSON 405 with `Allow`. The router's control API is reached only on the router host's
+  loopback (pdstack's drain, watchdog and status);
+- HTTP/1.1 only (`proto h1`): the per-source share counts connections (HAProxy 2.6's stick tables have no count of
+  requests in flight), and one HTTP/1.1 connection carries one request at a time, while one HTTP/2 connection
+  carries up to 100;
+- no CORS by default: the router's `Access-Control-*` headers are removed from every answer; with
+  `cors_origins` set, exactly those origins get a preflight answer and `Access-Control-Allow-Origin`;
+- on the model routes (MODEL_ROUTES) the JSON body must name a served model where HAProxy reads it (a top-level
+  "model", json_query): a body without one gets 400 `model_required`, another name 404 `model_not_found`, as
+  OpenAI's API answers, and a key "model" spelled with \\u escapes (which the router decodes and HAProxy does not)
+  400; a duplicate key is the router's own 400 (serde refuses it, measured);
 - HAProxy's built-in Prometheus exporter (`use-service prometheus-exporter`) on its own port;
 - every refusal of the front door's own says why, in the `X-Pdstack-Refusal` header and the body's "type":
   `queue-full` (429), `queue-timeout` (503), `router-down` (503: its health check failed, or a connection to it
@@ -63,6 +75,28 @@ REFUSAL_HEADER = "X-Pdstack-Refusal"
 QUEUE_FULL, QUEUE_TIMEOUT, ROUTER_DOWN, MAINTENANCE = "queue-full", "queue-timeout", "router-down", "maintenance"
 BODY_TOO_LARGE, REQUEST_TIMEOUT, SOURCE_LIMIT = "body-too-large", "request-timeout", "source-limit"
 MODEL_NOT_FOUND, UPSTREAM_ERROR, UPSTREAM_REFUSED = "model-not-found", "upstream-error", "upstream-refused"
+NOT_FOUND, METHOD_NOT_ALLOWED, MODEL_REQUIRED = "not-found", "method-not-allowed", "model-required"
+# The public port's API, an allow-list: the exact request target (path, no query) -> the methods it takes.
+# OpenAI's chat, completions and model list as sglang-router 0.3.2 serves them (it has no /v1/models/{id}: 404,
+# measured), SGLang's native /generate (public: SGLang's own clients and bench client speak it, and the deploy
+# gates (probe, recall, C=1 bench) must measure the path clients take), the router's liveness (/health: the router
+# answers) and readiness (/readiness: a healthy prefill and decode behind it). GET includes HEAD (HAProxy METH_GET).
+PUBLIC_ROUTES: dict[str, str] = {
+    "/v1/chat/completions": "POST",
+    "/v1/completions": "POST",
+    "/v1/models": "GET",
+    "/generate": "POST",
+    "/health": "GET",
+    "/readiness": "GET",
+}
+# the routes whose JSON body must name a served model (OpenAI's API requires "model" there)
+MODEL_ROUTES = ("/v1/chat/completions", "/v1/completions")
+# a key that decodes to "model" but is spelled with at least one \u escape (the router decodes it, HAProxy's
+# json_query does not); -i: hex digits in either case (a plain "Model" is another key, and not matched)
+ESCAPED_MODEL_KEY = (r'"(?!model")(?:m|\\u006d)(?:o|\\u006f)(?:d|\\u0064)(?:e|\\u0065)(?:l|\\u006c)"'
+                     r'[ \t\r\n]*:')
+# CORS, only for the origins an inventory allows: what a browser's preflight is told
+CORS_MAX_AGE_SECS = 600
 # the request id: HAProxy makes one per request (a UUID), sends it to the router (which echoes it) and to the client
 REQUEST_ID_HEADER = "X-Request-Id"
 REQUEST_ID = "%[unique-id]"
@@ -187,7 +221,10 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
     f = f"frontend {FRONTEND}"
     # below the global maxconn: a flood of idle connections to the public port leaves the metrics/health listener
     # its headroom (else monitoring goes blind exactly when it is needed)
-    add(f, "bind", haproxy_address(fd["bind"], int(fd["port"])), "maxconn", str(max(conns - METRICS_HEADROOM, 1)))
+    # HTTP/1.1 only (`proto h1`: no HTTP/2 with prior knowledge, no h2c upgrade): the per-source share below
+    # counts connections, and only an HTTP/1.1 connection carries one request at a time
+    add(f, "bind", haproxy_address(fd["bind"], int(fd["port"])), "maxconn", str(max(conns - METRICS_HEADROOM, 1)),
+        "proto", "h1")
     errors(f)
     # the request id (a UUID per request) goes to the router, which echoes it in its answer, and into the log line
     add(f, "unique-id-format", "%[uuid()]")
@@ -203,6 +240,7 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
             ra, "hdr", REFUSAL_HEADER, SOURCE_LIMIT, *rid, "string",
             _json_error(f"too many connections from your address: at most {per_source} at once",
                         BODY_TYPES[QUEUE_FULL], 429), "if", "{", "sc_conn_cur(0)", "gt", str(per_source), "}")
+    _public_api(add, fd, rid)
     if api_key_file:
         add(f, "http-request", "return", "status", "401", "content-type", "application/json", *rid, "string",
             _json_error("missing or wrong API key (Authorization: Bearer KEY)", "authentication_error", 401),
@@ -219,18 +257,7 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
             BODY_TOO_LARGE, *rid, "string", too_large, "if", "{", fetch, "gt", str(max_body), "}")
     models = [str(m) for m in fd.get("served_models") or []]
     if models:
-        # OpenAI's API answers a model it does not serve with 404 model_not_found; SGLang would serve any name with
-        # the one model it runs. Only a body that names a model is checked (SGLang's /generate has none)
-        model = "req.body,json_query('$.model')"
-        add(f, "acl", "pdstack_model_named", model, "-m", "found")
-        # `--` ends the flags: a name such as "-i" is a pattern, not a flag
-        add(f, "acl", "pdstack_model_served", model, "-m", "str", "--", *models)
-        add(f, "http-request", "return", "status", "404", "content-type", "application/json", "hdr", REFUSAL_HEADER,
-            MODEL_NOT_FOUND, *rid, "string",
-            json_text({"error": {"message": "the model named in the request is not served here (GET /v1/models "
-                                            "lists the served ones)", "type": "invalid_request_error",
-                                 "code": "model_not_found"}}),
-            "if", "METH_POST", "{", "path_beg", "/v1/", "}", "pdstack_model_named", "!pdstack_model_served")
+        _model_check(add, models, rid)
     if maintenance_file:
         # a planned restart of the only server of a role (roles/serving): new requests get 503 at once, while the
         # ones already in flight or queued finish
@@ -299,6 +326,92 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
         "if", "{", "path", "/health", "}")
     add(m, "http-request", "return", "status", "404")
     return out
+
+
+def _route_acls(add, section: str) -> None:
+    """One ACL per method group of PUBLIC_ROUTES (pdstack_route_post, pdstack_route_get) and pdstack_route (any):
+    the exact request target (`url`: an absolute-form target or a query string is another string), `--` before
+    the patterns."""
+    by_method: dict[str, list[str]] = {}
+    for path, method in PUBLIC_ROUTES.items():
+        by_method.setdefault(method, []).append(path)
+    for method, paths in by_method.items():
+        add(section, "acl", f"pdstack_route_{method.lower()}", "url", "-m", "str", "--", *paths)
+    add(section, "acl", "pdstack_route", "url", "-m", "str", "--", *PUBLIC_ROUTES)
+
+
+def _public_api(add, fd: dict[str, Any], rid: tuple[str, ...]) -> None:
+    """The public port serves PUBLIC_ROUTES and nothing else; CORS off unless `cors_origins` names origins."""
+    f = f"frontend {FRONTEND}"
+    _route_acls(add, f)
+    # no protocol switch reaches the router (websocket, h2c): the public API is plain HTTP/1.1 requests
+    add(f, "http-request", "del-header", "Upgrade")
+    origins = [str(o) for o in fd.get("cors_origins") or []]
+    if origins:
+        # a browser's preflight from an allowed origin, for a public route: answered here (the headers are set
+        # after the response, below, like every other answer's)
+        add(f, "acl", "pdstack_cors_origin", "req.fhdr(origin)", "-m", "str", "--", *origins)
+        add(f, "http-request", "set-var(txn.pdstack_origin)", "req.fhdr(origin)", "if", "pdstack_cors_origin")
+        add(f, "http-request", "set-var(txn.pdstack_preflight)", "bool(true)", "if", "METH_OPTIONS",
+            "pdstack_cors_origin", "pdstack_route", "{", "req.hdr(access-control-request-method)", "-m", "found", "}")
+        add(f, "http-request", "set-var(txn.pdstack_cors_headers)", "req.fhdr(access-control-request-headers)",
+            "if", "{", "var(txn.pdstack_preflight)", "-m", "bool", "}")
+        add(f, "http-request", "return", "status", "204", *rid, "if", "{", "var(txn.pdstack_preflight)", "-m",
+            "bool", "}")
+    methods = ", ".join(sorted({m for m in PUBLIC_ROUTES.values()}))
+    add(f, "http-request", "return", "status", "404", "content-type", "application/json", "hdr", REFUSAL_HEADER,
+        NOT_FOUND, *rid, "string",
+        _json_error("no such endpoint: this port serves POST /v1/chat/completions, POST /v1/completions, "
+                    "GET /v1/models, POST /generate, GET /health and GET /readiness", "invalid_request_error", 404),
+        "unless", "pdstack_route")
+    for method in sorted(set(PUBLIC_ROUTES.values())):
+        allow = "GET, HEAD" if method == "GET" else method
+        add(f, "http-request", "return", "status", "405", "content-type", "application/json", "hdr", "Allow", allow,
+            "hdr", REFUSAL_HEADER, METHOD_NOT_ALLOWED, *rid, "string",
+            _json_error(f"method not allowed: this endpoint takes {allow}", "invalid_request_error", 405),
+            "if", f"pdstack_route_{method.lower()}", f"!METH_{method}")
+    # the router answers every request with wildcard CORS (Access-Control-Allow-Origin: *); none leaves here,
+    # on any answer (http-after-response: HAProxy's own answers too), except an allowed origin's
+    add(f, "http-after-response", "del-header", "Access-Control-", "-m", "beg")
+    add(f, "http-after-response", "del-header", "Vary")
+    if origins:
+        found = ("{", "var(txn.pdstack_origin)", "-m", "found", "}")
+        add(f, "http-after-response", "set-header", "Access-Control-Allow-Origin", "%[var(txn.pdstack_origin)]",
+            "if", *found)
+        add(f, "http-after-response", "set-header", "Vary", "Origin", "if", *found)
+        pre = ("if", "{", "var(txn.pdstack_preflight)", "-m", "bool", "}")
+        add(f, "http-after-response", "set-header", "Access-Control-Allow-Methods", methods, *pre)
+        add(f, "http-after-response", "set-header", "Access-Control-Allow-Headers",
+            "%[var(txn.pdstack_cors_headers)]", *pre)
+        add(f, "http-after-response", "set-header", "Access-Control-Max-Age", str(CORS_MAX_AGE_SECS), *pre)
+        add(f, "http-after-response", "set-header", "Access-Control-Expose-Headers",
+            f"{REQUEST_ID_HEADER}, {REFUSAL_HEADER}, Retry-After", "if", *found)
+
+
+def _model_check(add, models: list[str], rid: tuple[str, ...]) -> None:
+    """On MODEL_ROUTES the body must name a served model where HAProxy reads it. OpenAI's API answers an unknown
+    model with 404 model_not_found and a missing one with 400; SGLang would serve any name, or none, with the one
+    model it runs. The body is whole here (wait-for-body above)."""
+    f = f"frontend {FRONTEND}"
+    model = "req.body,json_query('$.model')"
+    add(f, "acl", "pdstack_model_route", "url", "-m", "str", "--", *MODEL_ROUTES)
+    add(f, "acl", "pdstack_model_named", model, "-m", "found")
+    # `--` ends the flags: a name such as "-i" is a pattern, not a flag
+    add(f, "acl", "pdstack_model_served", model, "-m", "str", "--", *models)
+    add(f, "acl", "pdstack_model_escaped", "req.body", "-m", "reg", "-i", ESCAPED_MODEL_KEY)
+    for cond, status, code, message in (
+            ("pdstack_model_escaped", 400, "model_key_escaped",
+             'the key "model" is spelled with \\u escapes; write it plainly ("model")'),
+            ("!pdstack_model_named", 400, "model_required",
+             'the request names no model: give "model" at the top level of the JSON body (GET /v1/models lists '
+             'the served ones); the front door reads it before any value nested over 20 levels deep'),
+            ("!pdstack_model_served", 404, "model_not_found",
+             "the model named in the request is not served here (GET /v1/models lists the served ones)")):
+        reason = MODEL_NOT_FOUND if status == 404 else MODEL_REQUIRED
+        add(f, "http-request", "return", "status", str(status), "content-type", "application/json", "hdr",
+            REFUSAL_HEADER, reason, *rid, "string",
+            json_text({"error": {"message": message, "type": "invalid_request_error", "code": code}}),
+            "if", "pdstack_model_route", cond)
 
 
 def header(fd: dict[str, Any]) -> list[str]:

@@ -9,6 +9,7 @@ renderer wrote: no value can add, drop or change a directive.
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Any
 
 from pdstack.controller.render import frontdoor
@@ -39,6 +40,7 @@ SOURCES = {
     "request_read_timeout_secs": "pdstack_router.frontdoor.request_read_timeout_secs",
     "max_body_bytes": "pdstack_router.frontdoor.max_body_bytes",
     "max_connections_per_source": "pdstack_router.frontdoor.max_connections_per_source",
+    "cors_origins": "pdstack_router.frontdoor.cors_origins",
     "server_timeout_secs": "pdstack_router.request_timeout_secs (HAProxy's timeout server)",
     "client_timeout_secs": "pdstack_router.frontdoor.client_timeout_secs",
     "served_models": "pdstack_model.served_name",
@@ -46,6 +48,9 @@ SOURCES = {
     "max_connections": "pdstack_router.admission (max_concurrent_requests + queue_size: HAProxy's global maxconn)",
 }
 WILDCARDS = ("0.0.0.0", "::")
+# a browser's Origin (RFC 6454): http or https, a lower-case DNS name, IPv4 or bracketed IPv6, an optional port
+ORIGIN_RE = re.compile(r"(?P<scheme>https?)://(?P<host>[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+                       r"(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*|\[[0-9a-f:.]+\])(?::(?P<port>[1-9][0-9]{0,4}))?")
 
 
 def _literal(value: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -105,6 +110,7 @@ def limit_problems(fd: dict[str, Any]) -> list[str]:
         except EncodeError as e:
             out.append(f"{SOURCES['served_models']}: the front door checks requests against it in haproxy.cfg, which "
                        f"cannot carry it: {e}")
+    out.extend(cors_problems(fd.get("cors_origins", [])))
     b = fd.get("max_body_bytes")
     if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BODY_BYTES:
         out.append(f"{SOURCES['max_body_bytes']}: {b!r} is not a byte count 1-{MAX_BODY_BYTES} (a body is buffered "
@@ -132,6 +138,27 @@ def limit_problems(fd: dict[str, Any]) -> list[str]:
                    f"(maxconn {m} less {frontdoor.METRICS_HEADROOM} kept for the metrics listener) is below "
                    f"max_concurrent_requests + queue_size ({n + q}): requests would wait for a connection slot "
                    "outside the queue")
+    return out
+
+
+def cors_problems(origins: Any) -> list[str]:
+    """Each CORS origin exactly as a browser sends its Origin header (RFC 6454 serialisation: scheme, lower-case
+    host, an explicit port only when not the default), compared byte for byte by the front door: no wildcard, no
+    path, no "null" (sandboxed pages and files share it)."""
+    src = SOURCES["cors_origins"]
+    if not isinstance(origins, list):
+        return [f"{src}: {origins!r} is not a list of origins (e.g. [https://chat.example.com])"]
+    out = []
+    for o in origins:
+        m = ORIGIN_RE.fullmatch(o) if isinstance(o, str) else None
+        if m is None:
+            out.append(f"{src}: {o!r} is not a browser origin: write scheme://host[:port] in lower case, nothing "
+                       "after it (e.g. https://chat.example.com); a wildcard or \"null\" is not accepted")
+            continue
+        port = m.group("port")
+        if port and (int(port) > 65535 or (m.group("scheme"), int(port)) in (("http", 80), ("https", 443))):
+            out.append(f"{src}: {o!r}: a browser sends no port when it is the scheme's default, and no port above "
+                       f"65535; write {m.group('scheme')}://{m.group('host')}")
     return out
 
 
