@@ -235,12 +235,21 @@ def test_admission_switched_off_from_another_file_or_key_is_refused(inv: Path, t
 
 
 def test_the_production_profile_is_production_only(inv: Path, tmp_path: Path):
-    """A local deployment may run without admission and with the fake backend (a test of the path, not the KV)."""
+    """A local deployment of the test engine may run without admission and with the fake backend (a test of the
+    path, not the KV); the same line on a deployment of the real engine is refused (the profile is derived from
+    the engine, not declared: issue 45)."""
+    local = lambda d: _yaml_edit(d, "group_vars/all/deployment.yml",  # noqa: E731
+                                 lambda v: v.update(pdstack_environment="local"))
     both(transfer(None, backend="fake"), router(lambda r: r["admission"].update(max_concurrent_requests=-1)),
-         lambda d: _yaml_edit(d, "group_vars/all/deployment.yml", lambda v: v.update(pdstack_environment="local")))(inv)
+         local)(inv)
+    with pytest.raises(InventoryError, match=r"pdstack_environment: local \(group_vars/all/deployment.yml:\d+\) "
+                                             r"would switch production's checks off, but pdstack_image.engine is "
+                                             r"sglang"):
+        inventory.load(inv)
+    _yaml_edit(inv, IMAGE, lambda v: v["pdstack_image"].update(engine="sim"))
     dep = inventory.load(inv)
     plan = pipeline.make_plan(dep, pipeline.load_facts(_facts(tmp_path), list(dep.hosts)), deploy=True)
-    assert plan.router.frontdoor["max_concurrent_requests"] == -1
+    assert plan.router.frontdoor["max_concurrent_requests"] == -1 and plan.environment == "local"
 
 
 def test_mooncake_tcp_needs_no_rdma_on_either_side(inv: Path, tmp_path: Path):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pdstack.controller import pipeline
-from pdstack.controller.load import flags, inventory, parser_cache
+from pdstack.controller.load import cache_trust, flags, inventory, parser_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = ROOT / "tests" / "topologies" / "reference-2node-8gpu.json"
@@ -249,6 +249,12 @@ class Remember(argparse.Action):
         setattr(namespace, self.dest, [self.label, values])
 
 
+@pytest.fixture
+def own_module_trusted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This module stands in for an upstream package: the cache may name its objects (cache_trust)."""
+    monkeypatch.setattr(cache_trust, "UPSTREAM_PACKAGES", (*cache_trust.UPSTREAM_PACKAGES, __name__.split(".")[0]))
+
+
 def _own_parser() -> argparse.ArgumentParser:
     p = flags._StrictParser(prog="own", allow_abbrev=False, add_help=False)
     p.add_argument("--word", type=shout, default=None, help="h")
@@ -257,7 +263,7 @@ def _own_parser() -> argparse.ArgumentParser:
     return p
 
 
-def test_stand_ins_import_nothing_until_a_flag_of_theirs_is_parsed(tmp_path: Path):
+def test_stand_ins_import_nothing_until_a_flag_of_theirs_is_parsed(own_module_trusted, tmp_path: Path):
     live = _own_parser()
     spec = json.loads(json.dumps(parser_cache.describe(live)))
     hows = {(r["qualname"], r["how"]) for r in spec["refs"]}
@@ -277,7 +283,7 @@ def test_stand_ins_import_nothing_until_a_flag_of_theirs_is_parsed(tmp_path: Pat
         p.parse_args(["--keep", "c"])
 
 
-def test_a_value_json_cannot_carry_is_not_cached(tmp_path: Path):
+def test_a_value_json_cannot_carry_is_not_cached(own_module_trusted, tmp_path: Path):
     p = _own_parser()
     p.add_argument("--path", type=Path, default=Path("/x"))
     with pytest.raises(parser_cache.Uncacheable):
@@ -294,7 +300,8 @@ def test_a_value_json_cannot_carry_is_not_cached(tmp_path: Path):
     assert parser_cache.load(tmp_path / "x.json", {"format": 0}, lambda: flags._StrictParser(prog="own")) is None
 
 
-def test_only_the_newest_spec_files_of_a_parser_are_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_only_the_newest_spec_files_of_a_parser_are_kept(own_module_trusted, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(parser_cache, "KEEP", 2)
     fresh = lambda: flags._StrictParser(prog="own", allow_abbrev=False, add_help=False)  # noqa: E731
     (tmp_path / "other-parser-x.json").write_text("{}")
@@ -303,3 +310,39 @@ def test_only_the_newest_spec_files_of_a_parser_are_kept(tmp_path: Path, monkeyp
         os.utime(tmp_path / f"own-parser-{i}.json", (1000 + i, 1000 + i))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other-parser-x.json", "own-parser-2.json",
                                                           "own-parser-3.json"]
+
+
+def test_a_doctored_cache_runs_no_code_and_the_live_parser_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The cache is data: a spec file of the right key (PDSTACK_CACHE_DIR points anywhere) that names os.system as a
+    flag's type, carries a function source that is not the installed upstream's, or an import that is not the
+    standard library's, is not read: the live parser is built and nothing of the file runs."""
+    monkeypatch.setenv("PDSTACK_CACHE_DIR", str(tmp_path))
+    flags.sglang_parser.cache_clear()
+    real = flags.sglang_parser()  # writes the spec for this key into tmp_path
+    [spec_file] = list(tmp_path.glob("sglang-parser-*.json"))
+    good = json.loads(spec_file.read_text())
+    marker = tmp_path / "ran"
+    source_refs = [i for i, r in enumerate(good["refs"]) if r["how"] == "source"]
+    assert source_refs, "the pinned parser has upstream functions compiled from source"
+    i = source_refs[0]
+    doctored = {
+        "os.system": {"module": "os", "qualname": "system", "kind": "callable", "how": "import"},
+        "edited source": {**good["refs"][i], "source": good["refs"][i]["source"].replace(
+            "\n", f"\n    open({str(marker)!r}, 'w').write('x')\n", 1)},
+        "foreign file": {**good["refs"][i], "filename": str(tmp_path / "evil.py")},
+        "non-stdlib import": {**good["refs"][i], "imports": ["import pdstack.cli"]},
+    }
+    (tmp_path / "evil.py").write_text(good["refs"][i]["source"])
+    for what, ref in doctored.items():
+        with pytest.raises(cache_trust.UntrustedRef):
+            cache_trust.check_ref(ref)
+        spec = json.loads(json.dumps(good))
+        spec["refs"][i] = ref
+        spec_file.write_text(json.dumps(spec))
+        assert parser_cache.load(spec_file, good["key"], lambda: flags._StrictParser(prog="x")) is None, what
+    assert not marker.exists()
+    for r in good["refs"]:
+        cache_trust.check_ref(r)  # what the pinned parsers write passes
+    spec_file.write_text(json.dumps(good))
+    flags.sglang_parser.cache_clear()
+    assert parser_cache.signature(flags.sglang_parser()) == parser_cache.signature(real)

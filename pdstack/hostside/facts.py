@@ -20,10 +20,11 @@ The model entry reads <path>/config.json the way SGLang 0.5.23 derives a context
 CONTEXT_LENGTH_KEYS, times the rope scaling factor; text_config for multimodal configs), so preflight can check
 pdstack_model.context_length and tp_size against the model before anything is installed.
 
-GPUs come from nvidia-smi, and each GPU's NUMA node from /sys/bus/pci/devices/<bus>/numa_node (-1, on a
-one-node machine, means node 0). A host with no NVIDIA GPU may carry /etc/pdstack/simulated-gpus.json, written
-only for the sim TEST ENGINE on CPU test hosts; its GPUs are reported with gpu_source "simulated", which
-preflight refuses for the sglang engine.
+GPUs come from nvidia-smi, and each GPU's NUMA node from /sys/bus/pci/devices/<bus>/numa_node, as the kernel
+reports it: -1 is "no affinity" (VMs, some firmware); the controller maps it to the host's only node, and on a
+host of several nodes asks the inventory to pin the server's node (check/topology.py). A host with no NVIDIA GPU
+may carry /etc/pdstack/simulated-gpus.json, written only for the sim TEST ENGINE on CPU test hosts; its GPUs are
+reported with gpu_source "simulated", which preflight refuses for the sglang engine.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def nvidia_gpus(sysfs: str = "/sys") -> list[dict]:
             node = int(_read(f"{sysfs}/bus/pci/devices/{sys_bus}/numa_node").strip())
         except OSError:
             node = -1
-        gpus.append({"index": int(index), "name": name, "pci_bus_id": sys_bus, "numa_node": max(node, 0),
+        gpus.append({"index": int(index), "name": name, "pci_bus_id": sys_bus, "numa_node": node,
                      "memory_mb": int(float(mem))})
     return gpus
 

@@ -27,6 +27,7 @@ from pdstack.controller.load.inventory import Deployment
 # pdstack allows a small, documented part of it: 1000 variables, 64 KiB in all (an env of settings, not data),
 # which also keeps every one string well under MAX_ARG_STRLEN.
 ENV_MAX_VARS = 1000
+SERVED_NAME_MAX = 256
 ENV_MAX_BYTES = 64 * 1024
 
 
@@ -74,7 +75,14 @@ def _deployment_problems(dep: Deployment, servers, p: list[str]) -> None:
     if img["ref"] is not None and (msg := rules.image_ref_problem(img["ref"])):
         p.append(f"pdstack_image.ref: {msg}")
     _image_pull_problems(img, p)
-    if msg := rules.unit_value_problem(dep.model["served_name"]):
+    name = dep.model["served_name"]
+    if msg := rules.non_ascii(name):
+        p.append(f"pdstack_model.served_name: {name[:80]!r}: {msg}: clients asking for the name as they type it "
+                 f"would get 404 model_not_found; write it in ASCII (e.g. {rules.ascii_skeleton(name)[:80]!r})")
+    elif len(name) > SERVED_NAME_MAX:
+        p.append(f"pdstack_model.served_name: {len(name)} characters, over {SERVED_NAME_MAX}: it is one word of the "
+                 "servers' argv and of every client's request; use a short name like deepseek-v4-flash")
+    elif msg := rules.unit_value_problem(dep.model["served_name"]):
         p.append(f"pdstack_model.served_name: {msg}; use a name like deepseek-v4-flash")
     elif dep.model["served_name"].startswith("-"):
         p.append(f"pdstack_model.served_name: {dep.model['served_name']!r} starts with '-', so SGLang's parser "
@@ -255,6 +263,8 @@ def _env_problems(where: str, env: dict[str, Any], p: list[str]) -> None:
                      f"to it: remove env.{k}")
         elif k in env_owned:
             p.append(f"{path}: the planner sets {k} itself from {env_owned[k]}; set that instead and remove env.{k}")
+        elif msg := rules.dangerous_env(k):
+            p.append(f"{path}: {msg}; remove env.{k}")
         elif isinstance(v, bool):
             p.append(f"{path}: {v!r} is a YAML boolean, which would be written as {str(v)!r}; quote the value you "
                      f"mean, e.g. {k}: \"1\" or \"true\"")

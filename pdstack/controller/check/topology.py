@@ -9,10 +9,18 @@ from pdstack.controller.check import budgets
 from pdstack.controller.check.tables import GPU_ARCHS, _where
 from pdstack.controller.load.inventory import Deployment
 
+# what the kernel reports for a device without NUMA affinity (/sys/bus/pci/devices/*/numa_node; VMs, some firmware)
+NO_NUMA_NODE = -1
+
 
 def gpu_numa_node(facts: dict, gpus: list[int]) -> set[int]:
+    """The NUMA nodes `gpus` hang off. A GPU without affinity (-1) hangs off the host's only node when it has one;
+    on a host of several nodes it stays -1, which the checks refuse (the server must then pin its node)."""
     by_index = {g["index"]: g for g in facts.get("gpus", [])}
-    return {by_index[g]["numa_node"] for g in gpus if g in by_index}
+    ids = [n["id"] for n in facts.get("numa_nodes", [])]
+    only = ids[0] if len(ids) == 1 else NO_NUMA_NODE
+    return {only if by_index[g]["numa_node"] == NO_NUMA_NODE else by_index[g]["numa_node"]
+            for g in gpus if g in by_index}
 
 
 def topology_problems(dep: Deployment, facts: dict[str, dict]) -> list[str]:
@@ -52,7 +60,12 @@ def topology_problems(dep: Deployment, facts: dict[str, dict]) -> list[str]:
                 owner.setdefault(g, s["name"])
             gnodes = gpu_numa_node(f, s["gpus"])
             pinned = s["numa_node"]
-            if pinned is not None and pinned not in nodes:
+            unknown = sorted(gnodes - set(nodes))
+            if unknown and pinned is None:
+                p.append(f"{where}.gpus: GPUs {s['gpus']} report NUMA node(s) {unknown}, which host {h.name} does not "
+                         f"have (its nodes: {sorted(nodes)}; -1 is the kernel's 'no affinity', common on VMs): set "
+                         "numa_node to one of them with numa_override: true")
+            elif pinned is not None and pinned not in nodes:
                 p.append(f"{where}.numa_node: host {h.name} has no NUMA node {pinned} (it has "
                          f"{sorted(nodes)}); remove numa_node to take it from the GPUs")
             elif len(gnodes) > 1 and not (s["numa_override"] and pinned is not None):
@@ -96,6 +109,8 @@ def facts_problem(f: Any) -> str | None:
     if not isinstance(gpus, list) or not all(
             isinstance(g, dict) and is_int(g.get("index")) and is_int(g.get("numa_node")) for g in gpus):
         return "gpus must be a list of {index, numa_node, ...}"
+    if msg := _cpu_list_problem(nodes):
+        return msg
     ib = f.get("infiniband", [])
     if not isinstance(ib, list) or not all(isinstance(n, str) for n in ib):
         return "infiniband must be a list of device names"
@@ -181,3 +196,33 @@ def resolve_node(server: dict, facts: dict) -> int | None:
         return server["numa_node"]
     gnodes = gpu_numa_node(facts, server["gpus"])
     return min(gnodes) if gnodes else None
+
+
+def _cpu_list_problem(nodes: list[dict]) -> str | None:
+    """NUMA nodes must have distinct ids and disjoint, well-formed CPU lists (each server's cpuset is its node's)."""
+    seen: dict[int, int] = {}
+    if len({n["id"] for n in nodes}) != len(nodes):
+        return "numa_nodes ids must be distinct"
+    for n in nodes:
+        cpus = _cpulist(n["cpus"])
+        if cpus is None:
+            return f"NUMA node {n['id']}'s cpus {n['cpus']!r} is not a CPU list like 0-31,64-95"
+        if not cpus:
+            return f"NUMA node {n['id']} has no CPUs"
+        for c in cpus:
+            if c in seen:
+                return (f"NUMA nodes {seen[c]} and {n['id']} both list CPU {c}: their servers would share CPUs "
+                        "(overlapping cpusets)")
+            seen[c] = n["id"]
+    return None
+
+
+def _cpulist(text: str, limit: int = 1 << 16) -> list[int] | None:
+    """'0-3,8' -> [0, 1, 2, 3, 8]; None when it is not such a list or names CPUs at or beyond `limit`."""
+    out: list[int] = []
+    for part in text.strip().split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()) or int(hi or lo) >= limit or int(hi or lo) < int(lo):
+            return None
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out

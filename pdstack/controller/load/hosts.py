@@ -9,7 +9,11 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from pdstack.controller.load import rules
+
 SKIP_GROUPS = ("all", "ungrouped")
+# the groups pdstack reads (load/inventory.py); a look-alike of one is pointed at it
+KNOWN_GROUPS = ["router", "monitoring", "gpu"]
 
 
 def host_problems(hostvars: dict[str, dict[str, Any]], groups: dict[str, Any], environment: Any) -> list[str]:
@@ -22,6 +26,12 @@ def host_problems(hostvars: dict[str, dict[str, Any]], groups: dict[str, Any], e
         if len(same) > 1:
             problems.append(f"hosts {' and '.join(same)} (hosts.yml): names that differ only by case are one host to "
                             "DNS and to the controller's files; spell the host one way everywhere in hosts.yml")
+    for kind, name in [("host", n) for n in names] + [("group", g) for g in groups if isinstance(g, str)]:
+        if msg := rules.non_ascii(name):
+            hint = difflib.get_close_matches(rules.ascii_skeleton(name), KNOWN_GROUPS if kind == "group" else names,
+                                             n=1, cutoff=0.8)
+            problems.append(f"{kind} {name!r} (hosts.yml): {msg}; inventory names are ASCII"
+                            + (f": did you mean {hint[0]!r}?" if hint else ": rename it"))
     for n, hv in hostvars.items():
         member = sorted(g for g, m in groups.items() if g not in SKIP_GROUPS and isinstance(m, list) and n in m)
         addressed = bool(hv.get("pdstack_address") or hv.get("ansible_host"))

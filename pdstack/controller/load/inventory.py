@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdstack.controller.load import files, rules, yamlsafe
+from pdstack.controller.load import files, rules, sources, yamlsafe
 from pdstack.controller.load.hosts import host_problems
 from pdstack.controller.load.schema import Schema, numbers_problems, plain, validate_field
 from pdstack.controller.load.variables import *  # noqa: F401,F403 (the variables' schema, re-exported)
@@ -92,6 +92,9 @@ def check_files(source: str | os.PathLike) -> None:
     src = Path(source)
     if not src.exists():
         raise InventoryError([f"inventory {str(src)!r} does not exist; pass -i inventory/production (or local, test)"])
+    bad = sources.config_problems() + sources.tree_problems(src)
+    if bad:
+        raise InventoryError(bad)
     scan = files.scan_inventory(src, (*ROLE_PORT_VARS, "ansible_host"))
     if scan.problems:
         raise InventoryError(scan.problems)
@@ -112,9 +115,13 @@ def load_located(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]], 
     src = Path(source)
     if not src.exists():
         raise InventoryError([f"inventory {str(src)!r} does not exist; pass -i inventory/production (or local, test)"])
+    bad = sources.config_problems() + sources.tree_problems(src)  # before anything reads it
+    if bad:
+        raise InventoryError(bad)
     scan = files.scan_inventory(src, (*ROLE_PORT_VARS, "ansible_host"))  # the checks read these too
     if scan.problems:
         raise InventoryError(scan.problems)
+    sources.pin()
     loader = DataLoader()
     locations: dict[str, str] = {}
     try:
@@ -206,6 +213,7 @@ def _build(hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]], so
         if any(hv.get(key) != first.get(key) for hv in hostvars.values()):
             problems.append(f"{key}: differs between hosts; set it once in group_vars/all, not per host")
         top[key] = validate_field(f, first.get(key), key, problems, key in first)
+    problems += _profile_problems(top, locations)
     hostvars = _with_tune(top.get("pdstack_tune"), hostvars, locations, problems)
     # unknown pdstack_* variables are almost always typos
     known = set(TOP_LEVEL) | set(HOST_LEVEL) | {"pdstack_sim_gpus"}  # sim GPUs: read by the facts role only
@@ -266,6 +274,20 @@ def _build(hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]], so
                   "(pdstack_tune): this plan is the inventory's with its overlay, not the inventory's own"]
         if top.get("pdstack_tune") else [],
     )
+
+
+def _profile_problems(top: dict[str, Any], locations: dict[str, str]) -> list[str]:
+    """The profile is derived, not declared: production's checks are off (local, test) only for a deployment that
+    cannot serve the real model, the test engine's (pdstack_image.engine: sim). One line in any file, -e included,
+    cannot switch them off for an SGLang deployment."""
+    env, image = top.get("pdstack_environment"), top.get("pdstack_image")
+    engine = image.get("engine") if isinstance(image, dict) else None
+    if env in (None, "production") or engine in (None, "sim"):
+        return []
+    where = locations.get("pdstack_environment", "an extra var or a file Ansible read")
+    return [f"pdstack_environment: {env} ({where}) would switch production's checks off, but pdstack_image.engine is "
+            f"{engine}: a deployment that serves the real model always gets them (the local and test profiles are "
+            "for the test engine, engine: sim); remove pdstack_environment's override or set it to production"]
 
 
 def _with_tune(tune: dict[str, Any] | None, hostvars: dict[str, dict[str, Any]], locations: dict[str, str],

@@ -27,6 +27,12 @@ from typing import Any
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # The fetcher's own files inside the model directory (pdstack/hostside/model_fetch.py): never part of a lock
 RESERVED = (".pdstack-staging", ".pdstack-verified.json")
+# Bounds no real model file or model reaches (the largest shards of today's models are ~10 GB, whole models a few
+# TB); a lock beyond them is a typo or an attack on the room checks (check/model.py adds sizes up)
+MAX_FILE_BYTES = 1 << 40
+MAX_MODEL_BYTES = 1 << 44
+# a sharded checkpoint's files, as transformers names them (modeling_utils: "{prefix}-{i:05d}-of-{n:05d}{ext}")
+SHARD_RE = re.compile(r"(?P<prefix>.+)-(?P<i>[0-9]{5})-of-(?P<n>[0-9]{5})(?P<ext>\.safetensors|\.bin)")
 
 
 def path_problem(p: Any) -> str | None:
@@ -60,13 +66,41 @@ def problems(lock: Any, where: str) -> list[str]:
             out.append(f"{at}.path: {f['path']} is listed twice{fix}")
         else:
             seen.add(f["path"])
-        if not isinstance(f.get("size"), int) or isinstance(f.get("size"), bool) or f["size"] < 0:
-            out.append(f"{at}.size: {f.get('size')!r} is not a size in bytes{fix}")
+        size = f.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_FILE_BYTES:
+            out.append(f"{at}.size: {f.get('size')!r} is not a size in bytes of 0-{MAX_FILE_BYTES} (1 TiB){fix}")
         if not isinstance(f.get("sha256"), str) or not SHA256_RE.fullmatch(f["sha256"]):
             out.append(f"{at}.sha256: {f.get('sha256')!r} is not 64 lowercase hex digits{fix}")
     if not out and "config.json" not in seen:
         out.append(f"{where}: lists no config.json, which SGLang and preflight read; lock the whole model "
                    "directory")
+    if not out and sum(f["size"] for f in lock["files"]) > MAX_MODEL_BYTES:
+        out.append(f"{where}: its files add up to over {MAX_MODEL_BYTES} bytes (16 TiB), which no model has{fix}")
+    return out + ([] if out else shard_problems(seen, where))
+
+
+def shard_problems(paths: set[str], where: str) -> list[str]:
+    """A sharded checkpoint is whole: for each `{prefix}-i-of-n` family, shards 1..n, one n. (The shards' index,
+    model.safetensors.index.json, names the same files; the fetcher checks each file's sha256 against the lock.)"""
+    families: dict[tuple[str, str], dict[str, set[int]]] = {}
+    for p in paths:
+        if m := SHARD_RE.fullmatch(p):
+            families.setdefault((m["prefix"], m["ext"]), {}).setdefault(m["n"], set()).add(int(m["i"]))
+    out = []
+    for (prefix, ext), by_n in sorted(families.items()):
+        if len(by_n) > 1:
+            out.append(f"{where}: {prefix}-*{ext} shards say different totals ({', '.join(sorted(by_n))}); lock one "
+                       "checkpoint: regenerate it with `pdstack model lock`")
+            continue
+        n, have = next(iter(by_n.items()))
+        missing = sorted(set(range(1, int(n) + 1)) - have)
+        if missing or int(n) == 0 or max(have) > int(n):
+            shown = ", ".join(f"{prefix}-{i:05d}-of-{n}{ext}" for i in missing[:3]) + (" ..." if len(missing) > 3
+                                                                                        else "")
+            out.append(f"{where}: the checkpoint has {int(n)} shards but the lock "
+                       + (f"misses {shown}" if missing else "numbers them beyond it")
+                       + ": SGLang would fail to load the model; regenerate it with `pdstack model lock` over the "
+                       "whole model directory")
     return out
 
 

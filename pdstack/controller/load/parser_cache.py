@@ -36,18 +36,18 @@ from __future__ import annotations
 import argparse
 import builtins
 import contextlib
-import functools
 import hashlib
 import importlib
 import importlib.util
 import json
-import operator
 import os
 import sys
 import types
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from pdstack.controller.load import cache_trust
 
 FORMAT = 1  # of the spec file: bump it when what describe() writes changes meaning
 CACHE_DIR_ENV = "PDSTACK_CACHE_DIR"
@@ -206,10 +206,6 @@ def _lookup(obj: Any, qualname: str) -> Any:
     return obj
 
 
-def _stdlib(module: str) -> bool:
-    return module.split(".")[0] in sys.stdlib_module_names or module == "builtins"
-
-
 def _import(module: str) -> types.ModuleType:
     """importlib.import_module, but an SGLang module skips sglang/__init__.py (pdstack/upstream.py)."""
     if module.startswith("sglang."):
@@ -232,7 +228,7 @@ def _ref(obj: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"module": module, "qualname": qualname,
                            "kind": "action" if isinstance(obj, type) and issubclass(obj, argparse.Action)
                            else "callable"}
-    if _stdlib(module) or _light(module):
+    if cache_trust.stdlib(module) or _light(module):
         return {**out, "how": "import"}
     if isinstance(obj, types.FunctionType) and (source := _function_source(obj)) is not None:
         return {**out, "how": "source", **source}
@@ -253,9 +249,9 @@ def _stdlib_imports_only(path: str) -> bool:
         node = todo.pop()
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
             continue
-        if isinstance(node, ast.Import) and not all(_stdlib(a.name) for a in node.names):
+        if isinstance(node, ast.Import) and not all(cache_trust.stdlib(a.name) for a in node.names):
             return False
-        if isinstance(node, ast.ImportFrom) and (node.level or not _stdlib(node.module or "")):
+        if isinstance(node, ast.ImportFrom) and (node.level or not cache_trust.stdlib(node.module or "")):
             return False
         todo.extend(ast.iter_child_nodes(node))
     return True
@@ -271,12 +267,6 @@ def _light(module: str) -> bool:
         if m is None or f is not None and not (f.endswith(".py") and _stdlib_imports_only(f)):
             return False
     return True
-
-
-def _future_flags() -> int:
-    """The compiler flags of every `from __future__ import`: a code object's co_flags say which its module had."""
-    future = importlib.import_module("__future__")
-    return functools.reduce(operator.or_, (getattr(future, f).compiler_flag for f in future.all_feature_names))
 
 
 def _code_names(code: types.CodeType) -> set[str]:
@@ -307,9 +297,9 @@ def _function_source(func: types.FunctionType) -> dict[str, Any] | None:
     imports = []
     for name in sorted(_code_names(func.__code__) & set(func.__globals__)):
         v = func.__globals__[name]
-        if isinstance(v, types.ModuleType) and _stdlib(v.__name__) and "." not in v.__name__:
+        if isinstance(v, types.ModuleType) and cache_trust.stdlib(v.__name__) and "." not in v.__name__:
             imports.append(f"import {v.__name__}" + (f" as {name}" if name != v.__name__ else ""))
-        elif (isinstance(getattr(v, "__module__", None), str) and _stdlib(v.__module__)
+        elif (isinstance(getattr(v, "__module__", None), str) and cache_trust.stdlib(v.__module__)
               and getattr(v, "__qualname__", None) and "." not in v.__qualname__
               and getattr(sys.modules.get(v.__module__), v.__qualname__, None) is v):
             imports.append(f"from {v.__module__} import {v.__qualname__}"
@@ -320,7 +310,7 @@ def _function_source(func: types.FunctionType) -> dict[str, Any] | None:
         return None
     spec = {"imports": imports, "lineno": node.lineno, "filename": filename,
             "source": "".join(text.splitlines(keepends=True)[node.lineno - 1:node.end_lineno]),
-            "flags": func.__code__.co_flags & _future_flags()}
+            "flags": func.__code__.co_flags & cache_trust.future_flags()}
     try:
         f = _compile(spec, func.__module__, func.__name__)
     except Exception:  # noqa: BLE001 - whatever fails here, the lazy stand-in is the answer
@@ -386,6 +376,7 @@ _RESOLVED: dict[str, Any] = {}  # one stand-in per name and process, shared by e
 
 
 def _resolve(ref: dict[str, Any]) -> Any:
+    cache_trust.check_ref(ref)
     k = json.dumps(ref, sort_keys=True)
     if k not in _RESOLVED:
         module, qualname, how = ref["module"], ref["qualname"], ref["how"]

@@ -305,3 +305,68 @@ def role_port(role: str, key: str) -> int:
         return int(v)
     except (TypeError, ValueError):
         raise ValueError(f"roles/{role}/defaults/main.yml: {key} is {v!r}, not a port") from None
+
+
+# Environment variables that make a process load or run code it was not started with, by class: the dynamic
+# loader's (ld.so(8): every LD_* variable, LD_AUDIT and LD_PRELOAD among them, and GLIBC_TUNABLES), glibc's
+# locale and charset loaders, Python's startup and import path (python(1): PYTHONSTARTUP, PYTHONPATH, PYTHONHOME,
+# PYTHONBREAKPOINT, PYTHONWARNINGS imports the category's module), and shells' startup hooks.
+_DANGEROUS_ENV_PREFIXES = (("LD_", "the dynamic loader reads it (ld.so(8)): it can load a library into the server"),
+                           ("PYTHON", "Python reads it at startup (python(1)): it can import or run other code"),
+                           ("BASH_FUNC_", "bash imports it as a function"))
+_DANGEROUS_ENV = {"GLIBC_TUNABLES": "glibc's loader reads it", "GCONV_PATH": "glibc loads charset modules from it",
+                  "LOCPATH": "glibc loads locales from it", "NLSPATH": "glibc loads message catalogs from it",
+                  "BASH_ENV": "bash runs it at startup", "ENV": "sh runs it at startup",
+                  "SHELLOPTS": "bash reads its options from it", "PS4": "bash expands it when tracing",
+                  "PERL5OPT": "perl reads its options from it", "PERL5LIB": "perl loads modules from it",
+                  "NODE_OPTIONS": "node reads its options from it", "RUBYOPT": "ruby reads its options from it"}
+# Python's variables that change no code path (kept usable)
+_HARMLESS_PYTHON_ENV = ("PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED",
+                        "PYTHONIOENCODING", "PYTHONUTF8")
+
+
+def dangerous_env(name: str) -> str | None:
+    """Why env `name` may not be set on a server (it loads or runs code), or None."""
+    if name in _HARMLESS_PYTHON_ENV:
+        return None
+    if name in _DANGEROUS_ENV:
+        return f"{name}: {_DANGEROUS_ENV[name]}, so it could run code the image does not hold"
+    for prefix, why in _DANGEROUS_ENV_PREFIXES:
+        if name.startswith(prefix):
+            return f"{name}: {why}"
+    return None
+
+
+def non_ascii(text: str) -> str | None:
+    """The first character of `text` outside printable ASCII, named (a look-alike letter such as Cyrillic 'о' for
+    'o', a BOM, NUL or another control character), or None."""
+    import unicodedata
+
+    for i, ch in enumerate(text):
+        if not (" " <= ch <= "~"):
+            name = unicodedata.name(ch, None) or ("NUL" if ch == "\0" else "a control character")
+            return f"character {i + 1} is U+{ord(ch):04X} {name}, not ASCII"
+    return None
+
+
+def ascii_skeleton(text: str) -> str:
+    """`text` with look-alike letters folded to ASCII where Unicode decomposes them or their name says so (Cyrillic
+    and Greek letters named like a Latin one), for "did you mean" hints only."""
+    import unicodedata
+
+    out = []
+    for ch in text:
+        if ch <= "~":
+            out.append(ch)
+            continue
+        base = unicodedata.normalize("NFKD", ch)[0]
+        if base <= "~":
+            out.append(base)
+            continue
+        name = unicodedata.name(ch, "")
+        latin = {"A": "a", "E": "e", "O": "o", "P": "r", "C": "c", "X": "x", "Y": "y", "I": "i", "K": "k", "M": "m",
+                 "H": "n", "T": "t", "B": "b", "ES": "s", "IE": "e", "ER": "r", "EN": "n", "KA": "k", "EM": "m",
+                 "TE": "t", "U": "u", "HA": "x", "OMICRON": "o", "ALPHA": "a", "RHO": "p", "NU": "v"}
+        word = name.rsplit(" ", 1)[-1] if ("CYRILLIC" in name or "GREEK" in name) else ""
+        out.append(latin.get(word, "?"))
+    return "".join(out)

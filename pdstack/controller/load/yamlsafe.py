@@ -103,6 +103,14 @@ def read_file(path: Path, rel: str, problems: list[str], budget: list[int] | Non
     except UnicodeDecodeError as e:
         problems.append(f"{rel}: not UTF-8 text (byte {e.start}); save it as UTF-8")
         return None
+    if text.startswith("\ufeff"):
+        problems.append(f"{rel}: starts with a byte-order mark (U+FEFF, bytes EF BB BF); save it as UTF-8 without a "
+                        "BOM")
+        return None
+    if "\0" in text:
+        problems.append(f"{rel}:{text.count(chr(10), 0, text.index(chr(0))) + 1}: holds a NUL byte (U+0000); remove "
+                        "it (a text editor shows it as ^@)")
+        return None
     return parse_text(text, rel, problems)
 
 
@@ -217,6 +225,9 @@ def check_value(node: yaml.Node, path: str, rel: str, problems: list[str], alias
         problems.append(f"{where}: an anchor or alias (&name / *name) in a pdstack value; write the value out "
                         "(aliases are not allowed in pdstack variables)")
         return
+    if msg := explicit_tag(node):
+        problems.append(f"{where}: {msg}")
+        return
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             key = k.value if isinstance(k, yaml.ScalarNode) else "?"
@@ -234,6 +245,28 @@ def check_value(node: yaml.Node, path: str, rel: str, problems: list[str], alias
         msg = scalar_problem(node)
         if msg:
             problems.append(f"{where}: {msg}")
+
+
+# the tags a node may carry without saying so; `!vault` is Ansible's encrypted value (decrypted by Ansible)
+_DEFAULT_TAGS = {yaml.MappingNode: "tag:yaml.org,2002:map", yaml.SequenceNode: "tag:yaml.org,2002:seq"}
+_ALLOWED_TAGS = ("!vault",)
+
+
+def explicit_tag(node: yaml.Node) -> str | None:
+    """An explicit tag (`!!int "030001"`, `!!binary`, `!!omap`, `!custom`): the text then says something else than the
+    value Ansible reads (the quoted 030001 is the octal 12289). None for an untagged node or `!vault`."""
+    if node.tag in _ALLOWED_TAGS:
+        return None
+    if isinstance(node, yaml.ScalarNode):
+        implicit = (yaml.resolver.Resolver().resolve(yaml.ScalarNode, node.value, (True, False))
+                    if node.style in (None, "") else "tag:yaml.org,2002:str")
+        if node.tag == implicit:
+            return None
+    elif node.tag == _DEFAULT_TAGS.get(type(node)):
+        return None
+    shown = node.tag.replace("tag:yaml.org,2002:", "!!")
+    return (f"an explicit YAML tag ({shown}) makes Ansible read the text as something else than it says; remove the "
+            "tag and write the value plainly (a number unquoted, in decimal; a text quoted)")
 
 
 def scalar_problem(node: yaml.ScalarNode) -> str | None:
@@ -360,6 +393,11 @@ def top_vars(node: yaml.Node, rel: str, problems: list[str], extra: tuple[str, .
     for k, v in node.value:
         if not isinstance(k, yaml.ScalarNode):
             problems.append(f"{rel}:{k.start_mark.line + 1}: a variable name must be a plain word")
+            continue
+        if k.value == "<<":
+            problems.append(f"{rel}:{k.start_mark.line + 1}: a YAML merge key (<<) among the variables: Ansible merges "
+                            "its keys in as variables (a pdstack setting among them, unchecked); write each variable "
+                            "out")
             continue
         if is_pdstack_var(k.value, extra):
             if id(v) in aliased:

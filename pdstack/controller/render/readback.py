@@ -128,4 +128,29 @@ def plan_problems(plan: Plan, dep: Deployment) -> list[str]:
                          dep.router["extra_args"], plan.router.flags,
                          ["--pd-disaggregation", "--prefill", "http://x:1", "--decode", "http://y:1"])
     # and what matters most, compared directly: no worker, host or port but the plan's
-    return out + server_settings_problems(plan) + router_settings_problems(plan)
+    return out + argv_size_problems(plan) + server_settings_problems(plan) + router_settings_problems(plan)
+
+
+# Linux: execve refuses one argument or environment string over MAX_ARG_STRLEN (32 pages, 131072 bytes with the NUL;
+# include/uapi/linux/binfmts.h), and all of them together beyond ARG_MAX (a quarter of the stack limit: 2 MiB with
+# the usual 8 MiB). The whole argv gets half of that, the other half is the environment's (check/servers.py's bound).
+MAX_ARG_STRLEN = 131072
+MAX_ARGV_BYTES = 1 << 20
+
+
+def argv_size_problems(plan: Plan) -> list[str]:
+    """Every argv the plan renders fits what execve takes: each word, and all of them together."""
+    out = []
+    for what, argv in [(f"server {s.name}", s.flags) for s in plan.servers] + [("pdstack_router", plan.router.flags)]:
+        for i, word in enumerate(argv):
+            n = len(str(word).encode()) + 1
+            if n > MAX_ARG_STRLEN:
+                flag = next((w for w in reversed(argv[:i]) if str(w).startswith("--")), "the argv")
+                out.append(f"{what}: the word after {flag} is {n - 1} bytes, over Linux's {MAX_ARG_STRLEN - 1} per "
+                           "argument (MAX_ARG_STRLEN): the server could not start; shorten the inventory value "
+                           "behind it")
+        total = sum(len(str(w).encode()) + 1 for w in argv)
+        if total > MAX_ARGV_BYTES:
+            out.append(f"{what}: its argv is {total} bytes, over the {MAX_ARGV_BYTES} pdstack allows (half of "
+                       "Linux's ARG_MAX, the rest is the environment's); shorten extra_args")
+    return out

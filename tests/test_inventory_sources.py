@@ -1,0 +1,142 @@
+"""One reader (issue 45): pdstack checks exactly the sources Ansible reads, and refuses, by name, every other one.
+
+Each case is a copy of inventory/production with one edit. What Ansible would read but pdstack did not (an INI file,
+an executable, a subdirectory, another vars-file extension or plugin through the environment) is refused before
+anything reads the inventory, and no inventory script ever runs during `pdstack preflight --static`; YAML whose text
+says another thing than Ansible reads (a merge key among the variables, an explicit tag), a BOM or NUL, a look-alike
+group name, a lock that is not the whole checkpoint and an argv word execve refuses are refused naming the place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pdstack.controller import pipeline
+from pdstack.controller.load import inventory, modellock
+from pdstack.controller.render import readback
+from pdstack.errors import InventoryError
+
+ROOT = Path(__file__).resolve().parents[1]
+PROD = ROOT / "inventory" / "production"
+TOPO = ROOT / "tests" / "topologies" / "reference-2node-8gpu.json"
+
+
+@pytest.fixture
+def inv(tmp_path: Path) -> Path:
+    d = tmp_path / "production"
+    shutil.copytree(PROD, d)
+    hosts = d / "hosts.yml"  # a real-looking address: preflight refuses the example's documentation range
+    hosts.write_text(hosts.read_text().replace("192.0.2.10", "10.20.30.40"))
+    return d
+
+
+def refused(inv: Path) -> str:
+    with pytest.raises(InventoryError) as err:
+        inventory.load(inv)
+    return str(err.value)
+
+
+def _static(inv: Path, **env: str) -> subprocess.CompletedProcess:
+    """`pdstack preflight --static` as the preflight role runs it (from the checkout, its ansible.cfg), with `env`."""
+    return subprocess.run([sys.executable, "-m", "pdstack", "preflight", "--static", "-i", str(inv)], cwd=ROOT,
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+
+
+def test_an_ini_file_a_script_and_a_subdirectory_beside_hosts_yml_are_refused_and_nothing_runs(inv: Path,
+                                                                                                tmp_path: Path):
+    marker = tmp_path / "script-ran"
+    (inv / "hosts").write_text("[router]\n10.9.9.9\n[monitoring]\nevil ansible_host=10.6.6.6\n")
+    script = inv / "inventory.sh"
+    script.write_text(f"#!/bin/sh\ntouch {marker}\necho '{{}}'\n")
+    script.chmod(0o755)
+    (inv / "facts").mkdir()
+    (inv / "facts" / "gpu01.json").write_text("{}\n")
+    (inv / "NOTES.md").write_text("ignored by Ansible (INVENTORY_IGNORE_EXTS): allowed\n")
+    r = _static(inv)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out
+    assert "hosts (in " in out and "Ansible would read it as an inventory source" in out, out
+    assert "inventory.sh (in " in out and "facts/ (in " in out and "NOTES.md" not in out, out
+    assert not marker.exists()
+    msg = refused(inv)  # the library path too
+    assert "hosts (in " in msg and not marker.exists()
+
+
+@pytest.mark.parametrize(("var", "value", "named"), [
+    ("ANSIBLE_YAML_FILENAME_EXT", ".yml,.conf", "yaml_valid_extensions / ANSIBLE_YAML_FILENAME_EXT = .yml, .conf "
+                                                "(env: ANSIBLE_YAML_FILENAME_EXT)"),
+    ("ANSIBLE_INVENTORY_ENABLED", "script,yaml", "enable_plugins / ANSIBLE_INVENTORY_ENABLED = script, yaml "
+                                                 "(env: ANSIBLE_INVENTORY_ENABLED)"),
+    ("ANSIBLE_VARS_ENABLED", "host_group_vars,community.general.x", "ANSIBLE_VARS_ENABLED"),
+])
+def test_an_ansible_setting_that_reads_other_sources_is_refused_by_name(inv: Path, var: str, value: str,
+                                                                        named: str):
+    r = _static(inv, **{var: value})
+    assert r.returncode == 2 and named in r.stdout + r.stderr, r.stdout + r.stderr
+    assert _static(inv).returncode == 0
+
+
+def test_the_repositorys_ansible_cfg_enables_the_yaml_inventory_plugin_only():
+    r = subprocess.run([str(Path(sys.executable).parent / "ansible-config"), "dump", "--only-changed"], cwd=ROOT,
+                       env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}, capture_output=True,
+                       text=True, timeout=60)
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("INVENTORY_ENABLED"))
+    assert line.endswith("= ['yaml']"), line
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ('pdstack_router:\n  port: !!int "08000"\n', "pdstack_router.port (group_vars/all/extra.yml:2): an explicit YAML "
+                                                "tag (!!int)"),
+    ("pdstack_router: !!omap [{port: 8000}]\n", "an explicit YAML tag (!!omap)"),
+    ("base: &b {pdstack_environment: test}\n<<: *b\n", "group_vars/all/extra.yml:2: a YAML merge key (<<)"),
+])
+def test_yaml_that_ansible_reads_as_something_else_is_refused(inv: Path, text: str, expected: str):
+    (inv / "group_vars" / "all" / "extra.yml").write_text(text)
+    assert expected in refused(inv)
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    (b"\xef\xbb\xbfpdstack_x: 1\n", "group_vars/all/extra.yml: starts with a byte-order mark (U+FEFF"),
+    (b"a: 1\nb: 2\x00\n", "group_vars/all/extra.yml:2: holds a NUL byte (U+0000)"),
+])
+def test_a_bom_or_nul_is_named(inv: Path, data: bytes, expected: str):
+    (inv / "group_vars" / "all" / "extra.yml").write_bytes(data)
+    assert expected in refused(inv)
+
+
+def test_a_look_alike_group_name_is_pointed_at(inv: Path):
+    hosts = (inv / "hosts.yml").read_text()
+    (inv / "hosts.yml").write_text(hosts.replace("    router:\n", "    r\u043euter:\n"))
+    msg = refused(inv)
+    assert "group 'r\u043euter' (hosts.yml): character 2 is U+043E CYRILLIC SMALL LETTER O, not ASCII" in msg, msg
+    assert "did you mean 'router'?" in msg
+
+
+def test_a_lock_is_the_whole_checkpoint_within_sane_sizes(tmp_path: Path):
+    lock = json.loads((ROOT / "inventory" / "locks" / "pdstack-sim.json").read_text())
+    assert modellock.problems(lock, "lock") == []
+    missing = {**lock, "files": [f for f in lock["files"] if f["path"] != "model-00002-of-00003.safetensors"]}
+    [msg] = modellock.problems(missing, "lock")
+    assert "the checkpoint has 3 shards but the lock misses model-00002-of-00003.safetensors" in msg, msg
+    huge = {**lock, "files": [{**f, "size": 10 ** 30} if f["path"] == "config.json" else f for f in lock["files"]]}
+    assert "files[0].size: 1000000000000000000000000000000 is not a size in bytes of 0-1099511627776" in \
+        modellock.problems(huge, "lock")[0]
+    odd = {**lock, "files": [*lock["files"], {**lock["files"][1], "path": "model-00001-of-00004.safetensors"}]}
+    assert "shards say different totals (00003, 00004)" in modellock.problems(odd, "lock")[0]
+
+
+def test_an_argv_word_past_what_execve_takes_is_refused(inv: Path):
+    dep = inventory.load(inv)
+    plan = pipeline.make_plan(dep, pipeline.load_facts(TOPO, list(dep.hosts)))
+    assert readback.argv_size_problems(plan) == []
+    s = plan.servers[0]
+    s.flags[-1] = "x" * readback.MAX_ARG_STRLEN
+    [msg] = readback.argv_size_problems(plan)
+    assert f"server {s.name}: the word after" in msg and "131071 per argument (MAX_ARG_STRLEN)" in msg, msg
