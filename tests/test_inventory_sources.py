@@ -140,3 +140,48 @@ def test_an_argv_word_past_what_execve_takes_is_refused(inv: Path):
     s.flags[-1] = "x" * readback.MAX_ARG_STRLEN
     [msg] = readback.argv_size_problems(plan)
     assert f"server {s.name}: the word after" in msg and "131071 per argument (MAX_ARG_STRLEN)" in msg, msg
+
+
+def _vaulted_local(tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of inventory/local with group_vars/all/router.yml encrypted whole and the served name an inline
+    !vault value, and the password file (made with ansible-vault itself)."""
+    inv = tmp_path / "local"
+    shutil.copytree(ROOT / "inventory" / "local", inv)  # symlinks copied as files
+    (tmp_path / "locks").symlink_to(ROOT / "inventory" / "locks")
+    pw = tmp_path / "vault-pass"
+    pw.write_text("a test vault password\n")
+    vault = str(Path(sys.executable).parent / "ansible-vault")
+    subprocess.run([vault, "encrypt", "--vault-password-file", str(pw), str(inv / "group_vars/all/router.yml")],
+                   check=True, capture_output=True)
+    enc = subprocess.run([vault, "encrypt_string", "--vault-password-file", str(pw), "--name", "served_name",
+                          "deepseek-v4-flash"], check=True, capture_output=True, text=True).stdout
+    model = inv / "group_vars/all/model.yml"
+    model.write_text(model.read_text().replace("  served_name: deepseek-v4-flash\n",
+                                               "".join(f"  {ln}\n" for ln in enc.splitlines())))
+    return inv, pw
+
+
+def test_a_vault_encrypted_inventory_is_read_with_ansibles_usual_password_ways(tmp_path: Path):
+    """A vars file encrypted whole and an inline !vault value: `pdstack plan` reads them with the password Ansible's
+    configuration names (ANSIBLE_VAULT_PASSWORD_FILE), the preflight role with the one ansible-playbook was given
+    (--vault-password-file), by the same strict rules; without a password the file is named, with the fix."""
+    inv, pw = _vaulted_local(tmp_path)
+    plan = [sys.executable, "-m", "pdstack", "plan", "-i", str(inv), "--facts",
+            str(ROOT / "tests" / "topologies" / "single-node-4gpu.json")]
+    r = subprocess.run(plan, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "ANSIBLE_VAULT_PASSWORD_FILE": str(pw)})
+    assert r.returncode == 0 and "--served-model-name deepseek-v4-flash" in r.stdout, r.stdout + r.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_VAULT")}
+    r = subprocess.run(plan, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "group_vars/all/router.yml: encrypted whole with ansible-vault" in r.stderr, r.stderr
+    book = tmp_path / "static.yml"
+    book.write_text("- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+                    "    - ansible.builtin.include_role: {name: preflight, tasks_from: static}\n")
+    run = [str(Path(sys.executable).parent / "ansible-playbook"), str(book), "-i", str(inv)]
+    pb_env = {**env, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(ROOT / "roles")}
+    r = subprocess.run([*run, "--vault-password-file", str(pw)], cwd=ROOT, env=pb_env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    r = subprocess.run([*run, "-e", "pdstack_tag={{ lookup('pipe', 'id') }}", "--vault-password-file", str(pw)],
+                       cwd=ROOT, env=pb_env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "pdstack_tag (-e #1)" in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]

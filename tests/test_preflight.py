@@ -168,8 +168,23 @@ CASES = [
     C("unknown-sglang-flag", SERVERS, extra_kv(0, "mem-fraction", 0.8),
       ["prefill-0).extra_args", "SGLang 0.5.23 rejects it", "--mem-fraction"]),
     # --- issue 45: what Ansible would read differently, by class
+    C("admission-shadowed-in-host-vars", "host_vars/gpu01/router.yml", lambda d: d.update(pdstack_router={
+        "port": 8000, "admission": {"max_concurrent_requests": 4096, "queue_size": 100000}}),
+      ["pdstack_router (host_vars/gpu01/router.yml:1): set for host gpu01, but it is a deployment-wide setting",
+       "move it to group_vars/all"]),
+    C("image-shadowed-in-a-group", "group_vars/gpu/image.yml", lambda d: d.update(pdstack_image={"ref": "x"}),
+      ["pdstack_image (group_vars/gpu/image.yml:1): set for group gpu"]),
+    C("two-addresses-from-two-groups", None, lambda inv: (inv / "hosts.yml").write_text(
+        (inv / "hosts.yml").read_text().replace("    router:\n      hosts:\n        gpu01:\n",
+                                                "    router:\n      vars:\n        ansible_host: 10.9.9.9\n"
+                                                "      hosts:\n        gpu01:\n")),
+      ["ansible_host: host gpu01 gets it from 2 places (hosts.yml:", "keep it in one place"]),
     C("profile-flipped-in-host-vars", "host_vars/gpu01/profile.yml", lambda d: d.update(pdstack_environment="local"),
-      ["pdstack_environment", "would switch production's checks off", "pdstack_image.engine is sglang"]),
+      ["pdstack_environment (host_vars/gpu01/profile.yml:1): set for host gpu01, but it is a deployment-wide "
+       "setting"]),
+    C("profile-flipped-in-group-vars", "group_vars/all/deployment.yml", lambda d: d.update(pdstack_environment="test"),
+      ["pdstack_environment: test (group_vars/all/deployment.yml:", "would switch production's checks off",
+       "pdstack_image.engine is sglang"]),
     C("top-level-merge-key", "group_vars/all/merged.yml", lambda d: d.update({"<<": {"pdstack_environment": "test"}}),
       ["group_vars/all/merged.yml:1: a YAML merge key (<<) among the variables", "write each variable out"]),
     C("served-name-look-alike", MODEL, lambda d: d["pdstack_model"].update(served_name="deepseek-v4-fl\u0430sh"),

@@ -23,8 +23,9 @@ Entity = tuple[str, str]  # ("group" | "host", name)
 IGNORED_EXTS = (".md", ".txt", ".rst", ".orig", ".bak", ".swp", ".pyc", ".pyo", ".retry", ".cfg", ".ini", ".rpm")
 
 
-def scan_inventory(src: Path, extra: tuple[str, ...] = ()) -> Scan:
-    """Read every file Ansible would read for inventory `src` (a directory or one inventory file)."""
+def scan_inventory(src: Path, extra: tuple[str, ...] = (), decrypt=None) -> Scan:
+    """Read every file Ansible would read for inventory `src` (a directory or one inventory file); `decrypt` reads
+    a file encrypted whole with ansible-vault (load/vault.py)."""
     scan = Scan()
     base = src if src.is_dir() else src.parent
     budget = [yamlsafe.MAX_TOTAL_BYTES]
@@ -32,7 +33,7 @@ def scan_inventory(src: Path, extra: tuple[str, ...] = ()) -> Scan:
         p for p in src.iterdir() if not p.name.startswith(".") and p.suffix in yamlsafe.INVENTORY_EXTS)
     for p in files:
         rel = _rel(p, base)
-        node = yamlsafe.read_file(p, rel, scan.problems, budget)
+        node = yamlsafe.read_file(p, rel, scan.problems, budget, decrypt)
         if node is not None:
             _inventory_vars(node, rel, scan, extra, yamlsafe.aliased_nodes(node))
     count = [0]
@@ -59,7 +60,7 @@ def scan_inventory(src: Path, extra: tuple[str, ...] = ()) -> Scan:
                 break
             for p in found:
                 rel = _rel(p, base)
-                node = yamlsafe.read_file(p, rel, scan.problems, budget)
+                node = yamlsafe.read_file(p, rel, scan.problems, budget, decrypt)
                 if node is not None and (found_vars := yamlsafe.top_vars(node, rel, scan.problems, extra)):
                     scan.var_dirs.setdefault((kind, name), _rel(entry, base))  # it sets something
                     _add(scan, (kind, name), rel, found_vars, extra)
@@ -179,3 +180,28 @@ def _paths(node: yaml.Node, path: str, rel: str, out: dict[str, str], key: yaml.
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             _paths(item, f"{path}[{i}]", rel, out)
+
+
+def precedence_problems(scan: Scan, order: list[Entity], host: str, group_wide: set[str], one_place: set[str]
+                        ) -> list[str]:
+    """A setting that `host` gets from more than one precedence level (group_vars/all, another group, host_vars or
+    hosts.yml), where Ansible would silently use the highest one: a deployment-wide setting (`group_wide`) lives in
+    group_vars/all only; one of `one_place` (a host's servers, its address) is set in one place."""
+    by_var: dict[str, list[Source]] = {}
+    for entity in order:
+        for var, sources in scan.entities.get(entity, {}).items():
+            by_var.setdefault(var, []).append(sources[-1])
+    out = []
+    for var, sources in sorted(by_var.items()):
+        if var in group_wide:
+            outside = [(e, src) for e in order for src in scan.entities.get(e, {}).get(var, [])[-1:]
+                       if e != ("group", "all")]
+            for (kind, name), src in outside:
+                out.append(f"{var} ({src.where()}): set for {kind} {name}, but it is a deployment-wide setting that "
+                           "lives in group_vars/all only (Ansible would let this one shadow it for host "
+                           f"{host}); move it to group_vars/all and remove it here")
+        elif var in one_place and len(sources) > 1:
+            where = ", ".join(s.where() for s in sources)
+            out.append(f"{var}: host {host} gets it from {len(sources)} places ({where}); Ansible would silently use "
+                       f"the last ({sources[-1].where()}): keep it in one place")
+    return out

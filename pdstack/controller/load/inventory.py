@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdstack.controller.load import files, rules, sources, yamlsafe
+from pdstack.controller.load import files, rules, sources, vault, yamlsafe
 from pdstack.controller.load.hosts import host_problems
 from pdstack.controller.load.schema import Schema, numbers_problems, plain, validate_field
 from pdstack.controller.load.variables import *  # noqa: F401,F403 (the variables' schema, re-exported)
@@ -85,7 +85,7 @@ def load_hostvars(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]],
     return hostvars, groups
 
 
-def check_files(source: str | os.PathLike) -> None:
+def check_files(source: str | os.PathLike, decrypt: vault.Decrypt | None = None) -> None:
     """Read every file of the inventory strictly (files.scan_inventory) and nothing else: what the preflight role
     runs before Ansible templates any variable of it, so a `{{ lookup('pipe', ...) }}` in a pdstack value is refused
     before the deploy path could evaluate it. Raises InventoryError."""
@@ -95,7 +95,9 @@ def check_files(source: str | os.PathLike) -> None:
     bad = sources.config_problems() + sources.tree_problems(src)
     if bad:
         raise InventoryError(bad)
-    scan = files.scan_inventory(src, (*ROLE_PORT_VARS, "ansible_host"))
+    if decrypt is None:
+        decrypt = vault.decrypter(vault.loader())
+    scan = files.scan_inventory(src, (*ROLE_PORT_VARS, "ansible_host"), decrypt)
     if scan.problems:
         raise InventoryError(scan.problems)
 
@@ -109,7 +111,6 @@ def load_located(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]], 
     from ansible.errors import AnsibleError
     from ansible.inventory.helpers import sort_groups
     from ansible.inventory.manager import InventoryManager
-    from ansible.parsing.dataloader import DataLoader
     from ansible.vars.manager import VariableManager
 
     src = Path(source)
@@ -118,16 +119,17 @@ def load_located(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]], 
     bad = sources.config_problems() + sources.tree_problems(src)  # before anything reads it
     if bad:
         raise InventoryError(bad)
-    scan = files.scan_inventory(src, (*ROLE_PORT_VARS, "ansible_host"))  # the checks read these too
+    loader = vault.loader()  # with the vault secrets Ansible's configuration names
+    scan = files.scan_inventory(src, (*ROLE_PORT_VARS, "ansible_host"), vault.decrypter(loader))  # read these too
     if scan.problems:
         raise InventoryError(scan.problems)
     sources.pin()
-    loader = DataLoader()
     locations: dict[str, str] = {}
     try:
         inv = InventoryManager(loader=loader, sources=[str(src)])
         vm = VariableManager(loader=loader, inventory=inv)
         hostvars: dict[str, dict[str, Any]] = {}
+        shadowed: list[str] = []
         for host in inv.get_hosts():
             raw = vm.get_vars(host=host)
             inv_dir = str(raw.get("inventory_dir") or (src if src.is_dir() else src.parent).resolve())
@@ -138,12 +140,14 @@ def load_located(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]], 
             hostvars[host.name] = hv
             order = [("group", g.name) for g in sort_groups(host.get_groups())] + [("host", host.name)]
             locations.update(files.locations(scan, order, set(HOST_LEVEL), host.name, top=len(hostvars) == 1))
+            shadowed.extend(files.precedence_problems(scan, order, host.name, set(TOP_LEVEL),
+                                                      {*HOST_LEVEL, "ansible_host"}))
         groups = {g: [h.name for h in inv.groups[g].get_hosts()] for g in inv.groups}
     except AnsibleError as e:
         raise InventoryError([f"inventory {src}: Ansible could not read it: {e}"]) from e
     if not hostvars:
         raise InventoryError([f"inventory {src}: no hosts; list the GPU host(s) in hosts.yml"])
-    problems = files.unmatched(scan, sorted(hostvars), sorted(groups))
+    problems = list(dict.fromkeys(shadowed)) + files.unmatched(scan, sorted(hostvars), sorted(groups))
     if problems:
         raise InventoryError(problems)
     return hostvars, groups, locations
@@ -354,7 +358,19 @@ def load(source: str | os.PathLike, resolved: str | os.PathLike | None = None) -
                                   "to its variables)"])
         if not hostvars:
             raise InventoryError([f"inventory {source}: no hosts; list the GPU host(s) in hosts.yml"])
-    return build_deployment(hostvars, groups, source=str(source), locations=locations)
+        extra = data.get("extra_vars") or {}  # {variable: "-e #N (...)"}: what the -e values set (extra_vars.py)
+        if isinstance(extra, dict):
+            locations.update({str(k): str(v) for k, v in extra.items()})
+    dep = build_deployment(hostvars, groups, source=str(source), locations=locations)
+    for var in PROTECTED:
+        if str(locations.get(var, "")).startswith("-e "):
+            dep.warnings.append(f"{var} comes from {locations[var]}, which wins over the inventory's files: this "
+                                "deployment is not what the inventory alone says")
+    return dep
+
+
+# the settings that protect a deployment: an -e override of one is said out loud (load())
+PROTECTED = ("pdstack_environment", "pdstack_image", "pdstack_model", "pdstack_router")
 
 
 # ---------------------------------------------------------------- CLI pieces shared by `pdstack plan` and `preflight`

@@ -157,6 +157,8 @@ def plain(value: Any) -> Any:
         return float(value)
     if isinstance(value, str):
         return str(value)
+    if type(value).__name__ == "EncryptedString":  # an inline !vault value: Ansible decrypts it with the loader's
+        return str(value._decrypt())  # secrets (load/vault.py) when it is read, as a play would
     return value
 
 

@@ -30,6 +30,7 @@ VAR_EXTS = (".yml", ".yaml", ".json", "")  # what Ansible's host_group_vars plug
 INVENTORY_EXTS = (".yml", ".yaml", ".json")
 YAML11_BOOL_WORDS = ("yes", "no", "on", "off", "y", "n")
 TEMPLATE_OPENERS = ("{{", "{%", "{#")
+VAULT_HEADER = "$ANSIBLE_VAULT;"  # a file encrypted whole with ansible-vault starts so
 
 _LoaderBase = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _DECIMAL_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
@@ -71,8 +72,10 @@ def is_pdstack_var(name: Any, extra: tuple[str, ...] = ()) -> bool:
 # ------------------------------------------------------------------------------------------------- one file
 
 
-def read_file(path: Path, rel: str, problems: list[str], budget: list[int] | None = None) -> yaml.Node | None:
-    """The composed YAML document of `path` (None when empty or refused); problems name `rel` and the line."""
+def read_file(path: Path, rel: str, problems: list[str], budget: list[int] | None = None,
+              decrypt: Any = None) -> yaml.Node | None:
+    """The composed YAML document of `path` (None when empty or refused); problems name `rel` and the line. A file
+    encrypted whole with ansible-vault is read through `decrypt` (load/vault.py), by the same rules."""
     try:
         st = os.stat(path)
     except OSError as e:
@@ -103,6 +106,17 @@ def read_file(path: Path, rel: str, problems: list[str], budget: list[int] | Non
     except UnicodeDecodeError as e:
         problems.append(f"{rel}: not UTF-8 text (byte {e.start}); save it as UTF-8")
         return None
+    if text.startswith(VAULT_HEADER):
+        if decrypt is None:
+            problems.append(f"{rel}: encrypted whole with ansible-vault, and no vault password was given: give it "
+                            "the way Ansible takes one (ANSIBLE_VAULT_PASSWORD_FILE, or vault_password_file in "
+                            "ansible.cfg; ansible-playbook also takes --vault-password-file)")
+            return None
+        try:
+            text = decrypt(text)
+        except ValueError as e:
+            problems.append(f"{rel}: encrypted whole with ansible-vault: {e}")
+            return None
     if text.startswith("\ufeff"):
         problems.append(f"{rel}: starts with a byte-order mark (U+FEFF, bytes EF BB BF); save it as UTF-8 without a "
                         "BOM")

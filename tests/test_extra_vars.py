@@ -1,0 +1,53 @@
+"""Extra vars (-e) read by the inventory's rules before Ansible templates them (issue 45, class 3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pdstack.controller.load import extra_vars, inventory
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_each_form_of_e_is_read_strictly_and_named_by_its_position(tmp_path: Path):
+    f = tmp_path / "vars.yml"
+    f.write_text("pdstack_router:\n  port: 030001\n")
+    problems, origins = extra_vars.check([
+        "pdstack_environment=local",
+        '{"pdstack_smoke": {"min_horizon": "{{ lookup(\'pipe\', \'id\') }}"}}',
+        f"@{f}",
+        "pdstack_tag={{ lookup('env', 'HOME') }} other=1",
+        '{"frontdoor_api_key": "s3cret-key-0123456789"}',
+    ])
+    text = "\n".join(problems)
+    assert "pdstack_smoke.min_horizon (-e #2:1)" in text and "is a Jinja template" in text, text
+    assert f"pdstack_router.port (-e @{f}:2): 030001 is read by YAML 1.1 as the number 12289" in text, text
+    assert "pdstack_tag (-e #4): \"{{ lookup('env', 'HOME') }}\" is a Jinja template" in text, text
+    assert origins["pdstack_environment"] == "-e #1" and origins["pdstack_router"] == f"-e @{f}:1"
+    assert "frontdoor_api_key" not in origins and "s3cret" not in text + json.dumps(origins)
+
+
+def test_a_resolved_inventory_names_the_e_a_value_came_from(tmp_path: Path):
+    """What the preflight role writes (resolved variables + where the -e values set them): the checks' messages
+    name the -e, not an inventory file, and an -e override of a protected setting is said out loud."""
+    hv = json.loads(subprocess.run([sys.executable, "-c", "from pdstack.controller.load import inventory; import json;"
+                                    "h, g = inventory.load_hostvars('inventory/local'); print(json.dumps([h, g]))"],
+                                   cwd=ROOT, capture_output=True, text=True, check=True).stdout)
+    hostvars, groups = hv
+    for v in hostvars.values():
+        v["pdstack_router"] = {**v["pdstack_router"], "admission": {"max_concurrent_requests": 0}}
+    f = tmp_path / "inventory.json"
+    f.write_text(json.dumps({"hostvars": hostvars, "groups": groups, "extra_vars": {"pdstack_router": "-e #2"}}))
+    r = subprocess.run([sys.executable, "-m", "pdstack", "preflight", "--static", "-i", "inventory/local", "--vars",
+                        str(f)], cwd=ROOT, capture_output=True, text=True, env={**os.environ})
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and "max_concurrent_requests: must be -1 (off) or > 0, got 0 (-e #2)" in out, out
+    for v in hostvars.values():
+        v["pdstack_router"]["admission"] = {"max_concurrent_requests": 8}
+    f.write_text(json.dumps({"hostvars": hostvars, "groups": groups, "extra_vars": {"pdstack_router": "-e #2"}}))
+    dep = inventory.load(ROOT / "inventory" / "local", f)
+    assert any("pdstack_router comes from -e #2, which wins over the inventory's files" in w for w in dep.warnings)
