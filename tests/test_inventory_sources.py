@@ -185,3 +185,74 @@ def test_a_vault_encrypted_inventory_is_read_with_ansibles_usual_password_ways(t
     r = subprocess.run([*run, "-e", "pdstack_tag={{ lookup('pipe', 'id') }}", "--vault-password-file", str(pw)],
                        cwd=ROOT, env=pb_env, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "pdstack_tag (-e #1)" in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
+
+
+def _generated(tmp_path: Path, rng, i: int) -> Path:
+    """A random inventory of the supported shape: 1-3 hosts in gpu/router/monitoring/extra groups, pdstack values
+    set at the levels Ansible merges (group_vars/all as a file or a directory, another group, hosts.yml's host
+    vars, host_vars as a file or a directory), some of them set twice across levels where pdstack allows it."""
+    import yaml
+
+    inv = tmp_path / f"gen{i}"
+    hosts = [f"h{j}" for j in range(rng.randint(1, 3))]
+    extra = rng.choice([None, "edge"])
+    groups = {"gpu": hosts, "router": [hosts[0]], "monitoring": [rng.choice(hosts)], **({extra: hosts[-1:]}
+                                                                                      if extra else {})}
+    doc: dict = {"all": {"children": {}}}
+    for g, members in groups.items():
+        doc["all"]["children"][g] = {"hosts": {h: ({"ansible_host": f"10.1.0.{hosts.index(h) + 1}"}
+                                                   if g == "gpu" else None) for h in members}}
+    (inv / "group_vars" / "all").mkdir(parents=True)
+    (inv / "hosts.yml").write_text(yaml.safe_dump(doc))
+    top = {"pdstack_environment": "local", "pdstack_smoke": {"min_horizon": rng.choice([0, 1000, 4000])},
+           "pdstack_router": {"port": rng.randint(8000, 8100), "admission": {"max_concurrent_requests":
+                                                                              rng.choice([-1, 4, 32])}}}
+    if rng.random() < 0.5:
+        for k, v in top.items():
+            (inv / "group_vars" / "all" / f"{k}.yml").write_text(yaml.safe_dump({k: v}))
+    else:
+        (inv / "group_vars" / "all" / "main.yml").write_text(yaml.safe_dump(top))
+    if extra:
+        (inv / "group_vars" / f"{extra}.yml").write_text(yaml.safe_dump({"node_exporter_port": 9200}))
+    for h in hosts:
+        servers = {"pdstack_servers": [{"name": f"{h}-s", "role": rng.choice(["prefill", "decode"]),
+                                        "gpus": [0]}],
+                   "pdstack_numa_reserve_gb": rng.choice([0, 8, 16.5])}
+        if rng.random() < 0.5:
+            (inv / "host_vars").mkdir(exist_ok=True)
+            (inv / "host_vars" / f"{h}.yml").write_text(yaml.safe_dump(servers))
+        else:
+            (inv / "host_vars" / h).mkdir(parents=True)
+            for k, v in servers.items():
+                (inv / "host_vars" / h / f"{k}.yaml").write_text(yaml.safe_dump({k: v}))
+    return inv
+
+
+def test_pdstack_reads_exactly_what_ansible_inventory_resolves_for_generated_inventories(tmp_path: Path):
+    """Property: for random inventories of the supported shape, the variables pdstack checks (load_hostvars: every
+    pdstack_* and port variable, per host) equal what `ansible-inventory --list` resolves with the repository's
+    configuration; and adding an INI source, a merge key or an explicit tag to any of them is refused."""
+    import random
+
+    rng = random.Random(45)
+    cli = str(Path(sys.executable).parent / "ansible-inventory")
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
+    for i in range(12):
+        inv = _generated(tmp_path, rng, i)
+        ours, groups = inventory.load_hostvars(inv)
+        r = subprocess.run([cli, "-i", str(inv), "--list"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=60, check=True)
+        theirs = json.loads(r.stdout)["_meta"]["hostvars"]
+        want = {h: {k: v for k, v in hv.items() if k.startswith("pdstack_") or k in ours[h]} for h, hv in
+                theirs.items()}
+        assert ours == want, (i, ours, want)
+        assert sorted(groups["gpu"]) == sorted(json.loads(r.stdout)["gpu"]["hosts"])
+        bad = rng.choice(["ini", "merge", "tag"])
+        if bad == "ini":
+            (inv / "more").write_text("[gpu]\nh9 ansible_host=10.6.6.6\n")
+        elif bad == "merge":
+            (inv / "group_vars" / "all" / "z.yml").write_text("<<: {pdstack_smoke: {min_horizon: 1}}\n")
+        else:
+            (inv / "group_vars" / "all" / "z.yml").write_text('pdstack_pd: {x: !!int "010"}\n')
+        with pytest.raises(InventoryError):
+            inventory.load(inv)
