@@ -608,6 +608,11 @@ def test_the_routers_control_api_is_refused_in_every_spelling_and_the_deployment
             assert r["status"] in (400, 404) and r["status"] != 200, r
         assert send("GET", "/v1/models")["status"] == 200
         assert send("GET", "/health")["status"] == 200 and send("GET", "/readiness")["status"] == 200
+        # /generate is public; the PD bootstrap fields a client puts in its body are the router's to set (it
+        # replaces them with the prefill's own: the offered listener is never contacted by decode)
+        hijack = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 2}, "bootstrap_host": "127.0.0.1",
+                             "bootstrap_port": listener.getsockname()[1], "bootstrap_room": 7}).encode()
+        assert send("POST", "/generate", hijack)["status"] == 200
     time.sleep(1.0)
     with pytest.raises(TimeoutError):
         listener.accept()  # the router never heard of the offered worker
