@@ -113,3 +113,18 @@ def test_the_controller_cost_at_the_production_context_is_small(monkeypatch):
                             variants=["single", "multikey"], needles=4, context_length=131072, retries=0)
     assert rep.passed and {c.prompt_tokens for c in rep.cells} == {131008, 131007}
     assert rep.build_s < 10 and time.monotonic() - t < 20, (rep.build_s, time.monotonic() - t)
+
+
+def test_the_heatmap_has_a_panel_per_case_kind(monkeypatch, tmp_path):
+    import matplotlib.axes
+
+    from pdstack.controller.gates import heatmap
+
+    titles: list[str] = []
+    real = matplotlib.axes.Axes.set_title
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda ax, t, *a, **kw: titles.append(t) or real(ax, t))
+    sim_ask(monkeypatch, confuse_keys=True)
+    rep = recall.run_recall("http://sim", variants=["single", "multikey"], **GRID)
+    png = heatmap.draw(rep, tmp_path / "recall.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert titles == ["single needle: horizon 4K tokens", "look-alike keys, one asked: horizon 0 tokens"]
