@@ -51,8 +51,8 @@ def run_smoke(url: str, out: Path, *, cfg: dict, probe_first_token_timeout: floa
     gates["recall"] = {"passed": rr.passed, "horizon": rr.horizon(), "min_horizon": min_horizon, "counts": counts,
                        "heatmap": str(png)}
     lines.append(f"recall  {'PASS' if rr.passed else 'FAIL'}  horizon {rr.horizon()} tokens (min {min_horizon}; "
-                 f"grid {recall._k(min(lengths))}..{recall._k(max(lengths))} x {len(depths)} depths x "
-                 f"{'/'.join(rr.variants)}; controller {rr.build_s:.1f} s); "
+                 f"grid {recall._k(min(lengths))}..{recall._k(max(lengths))} x {len(depths)} depths); "
+                 f"{'+'.join(rr.variants)}, prompts built in {rr.build_s:.1f} s; "
                  + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
                  + (f"; {rr.auth_refused}" if rr.auth_refused else ""))
 
