@@ -128,3 +128,18 @@ def test_the_heatmap_has_a_panel_per_case_kind(monkeypatch, tmp_path):
     png = heatmap.draw(rep, tmp_path / "recall.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert titles == ["single needle: horizon 4K tokens", "look-alike keys, one asked: horizon 0 tokens"]
+
+
+def test_the_production_plan_prints_the_recall_gate_as_the_docs_show_it():
+    """`pdstack plan -i inventory/production`'s recall lines (plan/text.py), quoted in docs/smoke-and-watchdog.md."""
+    from pathlib import Path
+
+    from pdstack.controller import pipeline
+    from pdstack.controller.plan.text import render_text
+
+    dep = inventory.load("inventory/production")
+    plan = pipeline.make_plan(dep, pipeline.load_facts("tests/topologies/reference-2node-8gpu.json", list(dep.hosts)))
+    lines = [ln for ln in render_text(plan).splitlines() if ln.startswith(("recall gate:", "  smoke ", "  --full "))]
+    assert len(lines) == 3 and "lengths 1024," in lines[1] and ",131072;" in lines[1] and "budget 180 s" in lines[1]
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "smoke-and-watchdog.md").read_text()
+    assert all(ln in doc for ln in lines), lines
