@@ -510,6 +510,8 @@ CASES = [
        "pdstack_model.context_length 16000", "built 64 tokens shorter"]),
     C("smoke-horizon-unreachable", SMOKE, lambda d: d["pdstack_smoke"].update(min_horizon=200000),
       ["pdstack_smoke.min_horizon", "beyond the longest recall length 131072", "never pass"]),
+    C("smoke-gate-short-of-the-context", SMOKE, lambda d: d["pdstack_smoke"].update(min_horizon=16000),
+      ["production's recall gate must reach the context it serves", "min_horizon at least 65536 (now 16000)"]),
     C("smoke-grid-over-budget", SMOKE, lambda d: d["pdstack_smoke"].update(recall_budget_s=60),
       ["pdstack_smoke.grid: its recall run is estimated at", "over pdstack_smoke.recall_budget_s 60 s",
        "pdstack_smoke.full"]),

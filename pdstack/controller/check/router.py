@@ -71,9 +71,14 @@ def _smoke_problems(dep: Deployment, p: list[str]) -> None:
         p.append(f"pdstack_smoke.grid: its recall run is estimated at {est} s on the real host "
                  f"({sm['prefill_tps']:g} prefill tok/s), over pdstack_smoke.recall_budget_s {sm['recall_budget_s']:g} "
                  "s: move lengths or depths to pdstack_smoke.full (the --full run), or raise the budget")
-    if sm["min_horizon"] > max(lengths):
+    longest = max(sm["grid"]["lengths"])  # the gate is the default grid's (--full reports past it)
+    if sm["min_horizon"] > longest:
         p.append(f"pdstack_smoke.min_horizon: {sm['min_horizon']} is beyond the longest recall length "
-                 f"{max(lengths)}, so the gate can never pass; lower it or add a longer length to grid.lengths")
+                 f"{longest}, so the gate can never pass; lower it or add a longer length to grid.lengths")
+    if dep.environment == "production" and (longest < ctx or sm["min_horizon"] < ctx // 2):
+        p.append(f"pdstack_smoke: production's recall gate must reach the context it serves: grid.lengths up to "
+                 f"pdstack_model.context_length {ctx} (longest: {longest}) and min_horizon at least {ctx // 2} "
+                 f"(now {sm['min_horizon']}); set them (inventory/production's smoke.yml), or lower context_length")
     if not sm.get("tokenizer") and dep.model_lock is None:  # with a lock, the model phase copies its tokenizer
         p.append("pdstack_smoke.tokenizer: unset, and the smoke gate builds its prompts with the model's tokenizer; "
                  "set it to the model's tokenizer directory on the controller, give the model a source and a lock "
