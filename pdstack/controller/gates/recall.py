@@ -1,10 +1,10 @@
-"""`pdstack recall`: needle-in-a-haystack recall through the router, over context lengths x needle depths.
+"""`pdstack recall`: needle-in-a-haystack recall through the router, over case kinds x context lengths x depths.
 
 The check the field team ran by hand when fp8 DSA index keys collapsed recall past ~2K tokens (docs/facts.md, The
-deployment), made a deploy gate. For every (length, depth) cell it builds a prompt of exactly `length` tokens (the
-model's own tokenizer) with the needle sentence `The secret code for <KEY> is <CODE>.` at `depth` % of the document
-(0 % = the start, farthest from the question; 100 % = just before it), asks `What is the secret code for <KEY>?`
-and grades the answer:
+deployment), made a deploy gate. For every (kind, length, depth) cell it builds a prompt of exactly `length` tokens
+less its jitter (the model's own tokenizer) with the needle sentence `The secret code for <KEY> is <CODE>.` at
+`depth` % of the document (0 % = the start, farthest from the question; 100 % = just before it), asks
+`What is the secret code for <KEY>?` and grades the answer:
 
     pass      the answer carries the code
     wrong     it answered, without the code (the recall failure this check exists for)
