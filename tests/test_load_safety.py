@@ -194,8 +194,8 @@ TRAP_CASES = [
                  ["pdstack_model.tool_call_parser", MODEL + ":", 'quote it: "off"'], id="bool-off"),
     pytest.param(sub(SERVERS, "enabled: true", "enabled: yes"),
                  ["pdstack_servers[0].hicache.enabled", SERVERS + ":", "write true or false"], id="bool-yes"),
-    pytest.param(sub(SMOKE, "variant: both", "variant: N"), ["pdstack_smoke.grid.variant", 'quote it: "N"'],
-                 id="bool-n"),
+    pytest.param(sub(SMOKE, "variant: [single, multikey]", "variant: N"),
+                 ["pdstack_smoke.grid.variant", 'quote it: "N"'], id="bool-n"),
     pytest.param(sub(SERVERS, "    extra_args:\n", "    env: {NCCL_IB_DISABLE: On}\n    extra_args:\n"),
                  ["pdstack_servers[0].env.NCCL_IB_DISABLE", 'quote it: "On"'], id="bool-env-value"),
     pytest.param(sub(SERVERS, "    extra_args:\n", "    env: {off: x}\n    extra_args:\n"),
@@ -242,7 +242,8 @@ TEMPLATE_CASES = [
                  "pdstack_servers[0].extra_args.watchdog-timeout", id="extra-args"),
     pytest.param(HOSTS, "ansible_user: root", "ansible_user: root\n          pdstack_address: \"{{ lookup('pipe', "
                  "'touch MARKER') }}\"", "pdstack_address", id="inline-in-hosts-file"),
-    pytest.param(SMOKE, "lengths: [1000, 2000, 4000, 8000, 16000, 32000]", "lengths: [1000, \"{# x #}\"]",
+    pytest.param(SMOKE, "lengths: [1024, 1984, 2112, 4096, 8192, 16384, 32768, 65536, 131072]",
+                 "lengths: [1000, \"{# x #}\"]",
                  "pdstack_smoke.grid.lengths[1]", id="comment-in-list"),
 ]
 

@@ -16,6 +16,7 @@ import yaml
 from pdstack.controller import pipeline
 from pdstack.controller.load import flags, inventory
 from pdstack.controller.plan import planner
+from pdstack.controller.plan.text import render_text
 from pdstack.errors import InventoryError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,16 +147,40 @@ def test_front_door_config_from_the_plan_passes_haproxy_check(tmp_path: Path):
     assert "maxconn 32" not in off and "pdstack_refuse" not in off
 
 
-def test_index_k_fp8_drops_the_patch_switch(tmp_path: Path):
+# Each index-key choice sets every switch that decides the reader, so SGLang's own sm_120 defaults (model_hook.py sets
+# both of its switches when unset) decide nothing; the plan and its text name the reader.
+INDEX_K_READERS = {
+    "bf16": ({"PDSTACK_DSV4_BF16_INDEX_K": "1", "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1",
+              "SGLANG_OPT_USE_TILELANG_INDEXER": "1"}, "bf16_paged_mqa_logits"),
+    "fp8-torch": ({"PDSTACK_DSV4_BF16_INDEX_K": "0", "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1",
+                   "SGLANG_OPT_USE_TILELANG_INDEXER": "0"}, "fp8_paged_mqa_logits_torch"),
+    "fp8-tilelang": ({"PDSTACK_DSV4_BF16_INDEX_K": "0", "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1",
+                      "SGLANG_OPT_USE_TILELANG_INDEXER": "1"}, "tilelang_fp8_paged_mqa_logits"),
+}
+
+
+@pytest.mark.parametrize("dtype", sorted(INDEX_K_READERS))
+def test_index_k_choice_renders_every_switch_and_names_the_reader(tmp_path: Path, dtype):
     inv = tmp_path / "p"
     shutil.copytree(ROOT / "inventory" / "production", inv)
     f = inv / "group_vars/all/model.yml"
     d = yaml.safe_load(f.read_text())
-    d["pdstack_model"]["index_k_dtype"] = "fp8"
+    d["pdstack_model"]["index_k_dtype"] = dtype
     f.write_text(yaml.safe_dump(d))
     dep = inventory.load(inv)
     p = pipeline.make_plan(dep, pipeline.load_facts(REF, list(dep.hosts)))
-    assert all(planner.BF16_INDEX_K_ENV not in s.env for s in p.servers)
+    env, reader = INDEX_K_READERS[dtype]
+    assert all({k: s.env.get(k) for k in env} == env for s in p.servers)
+    assert reader in p.model["index_reader"] and f"index keys {dtype}: " in render_text(p)
+
+
+def test_index_k_fp8_alone_is_refused_naming_the_choices(tmp_path: Path):
+    inv = tmp_path / "p"
+    shutil.copytree(ROOT / "inventory" / "production", inv)
+    f = inv / "group_vars/all/model.yml"
+    f.write_text(f.read_text().replace("index_k_dtype: bf16", "index_k_dtype: fp8"))
+    with pytest.raises(InventoryError, match="pdstack_model.index_k_dtype: 'fp8' is not one of 'bf16', 'fp8-torch'"):
+        inventory.load(inv)
 
 
 def _variants():

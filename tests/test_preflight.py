@@ -384,7 +384,7 @@ CASES = [
         ("env-owns-pd-timeout", 0, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "10",
          ["env.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "pdstack_pd.bootstrap_timeout_s"]),
         ("env-owns-sm120-switch", 0, "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "0",
-         ["env.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "pdstack_model.gpu_arch"])]),
+         ["env.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "pdstack_model.index_k_dtype and gpu_arch"])]),
     C("env-bad-name", SERVERS, env(0, "MY-VAR", "1"), ["env.MY-VAR", "not an environment variable name"]),
     C("env-bool-value", SERVERS, env(0, "NCCL_DEBUG_X", True), ["env.NCCL_DEBUG_X", "YAML boolean", 'quote']),
     C("env-mapping-value", SERVERS, env(0, "X", {"a": 1}), ["env.X", "one string"]),
@@ -542,9 +542,15 @@ CASES = [
 
     # --- the smoke gate: one that could never pass is an inventory error
     C("smoke-length-beyond-context", MODEL, model(context_length=16000),
-      ["pdstack_smoke.grid.lengths", "[16000, 32000] reach pdstack_model.context_length 16000"]),
-    C("smoke-horizon-unreachable", SMOKE, lambda d: d["pdstack_smoke"].update(min_horizon=64000),
-      ["pdstack_smoke.min_horizon", "beyond the longest recall length 32000", "never pass"]),
+      ["pdstack_smoke.grid.lengths", "[16384, 24576, 32768, 49152, 65536, 98304, 131072] are past "
+       "pdstack_model.context_length 16000", "built 64 tokens shorter"]),
+    C("smoke-horizon-unreachable", SMOKE, lambda d: d["pdstack_smoke"].update(min_horizon=200000),
+      ["pdstack_smoke.min_horizon", "beyond the longest recall length 131072", "never pass"]),
+    C("smoke-gate-short-of-the-context", SMOKE, lambda d: d["pdstack_smoke"].update(min_horizon=16000),
+      ["production's recall gate must reach the context it serves", "min_horizon at least 65536 (now 16000)"]),
+    C("smoke-grid-over-budget", SMOKE, lambda d: d["pdstack_smoke"].update(recall_budget_s=60),
+      ["pdstack_smoke.grid: its recall run is estimated at", "over pdstack_smoke.recall_budget_s 60 s",
+       "pdstack_smoke.full"]),
     C("smoke-without-tokenizer", SMOKE, lambda d: d["pdstack_smoke"].pop("tokenizer"),
       ["pdstack_smoke.tokenizer: unset", "the model's tokenizer directory on the controller", "enabled: false"]),
 

@@ -107,3 +107,20 @@ def test_answers_are_graded_by_kind(tmp_path):
         rep = recall.run_recall(s.router.url, timeout=10, **kw)
         assert {c.status for c in rep.cells} == {"http"}
         assert rep.cells[0].outcomes[0].http_status == 500
+        s.reset_faults()
+        # the recall faults through the engine: look-alike keys confused (multikey fails, single passes), and a
+        # wrong digit at one residue of the prompt length (jitter 3 hits it: 0..3 tokens off, cycling)
+        s.decode.fault(confuse_keys=True)
+        rep = recall.run_recall(s.router.url, timeout=10, **{**kw, "lengths": [1000], "depths": [0, 50],
+                                                               "variants": ["single", "multikey"]})
+        # (3 keys: the asked one is never the last look-alike before the question at these depths)
+        assert [(c.variant, c.status) for c in rep.cells] == [("single", "pass"), ("single", "pass"),
+                                                             ("multikey", "wrong"), ("multikey", "wrong")]
+        s.reset_faults()
+        s.decode.fault(residue_fault=3)
+        rep = recall.run_recall(s.router.url, timeout=10, **{**kw, "lengths": [1000], "depths": [0, 50, 100],
+                                                               "jitter": 0})
+        assert [c.prompt_tokens for c in rep.cells] == [1000, 1000, 1000] and rep.horizon() == 1000
+        rep = recall.run_recall(s.router.url, timeout=10, **{**kw, "lengths": [1000], "depths": [0, 50, 100, 0],
+                                                               "jitter": 3})
+        assert [c.status for c in rep.cells if c.prompt_tokens % 4 == 3] == ["wrong"] and rep.horizon() == 0

@@ -109,7 +109,8 @@ def test_smoke_loads_the_inventory_once(tmp_path, monkeypatch):
     assert loads == [("inventory/test/one-host", None)]
     dep = real("inventory/test/one-host")
     (kw,) = runs
-    assert kw["min_horizon"] == dep.smoke["min_horizon"] and kw["agent"]["model"] == dep.model["served_name"]
+    assert kw["cfg"]["min_horizon"] == dep.smoke["min_horizon"] and kw["agent"]["model"] == dep.model["served_name"]
+    assert kw["cfg"]["context_length"] == dep.model["context_length"]  # a grid length at the context fits it
     assert kw["agent"]["admission_limit"] == dep.router["admission"]["max_concurrent_requests"]
 
 

@@ -475,9 +475,28 @@ def test_collect_without_a_plan_says_not_deployed(tmp_path):
     assert rep["servers"] == [] and rep["router"] is None and rep["prometheus"] is None
 
 
+def test_collect_copies_the_plans_index_keys_and_reader(tmp_path):
+    (tmp_path / "plan.json").write_text(json.dumps({"inventory": "x", "model": {
+        "index_k_dtype": "fp8-torch", "index_reader": "reader: SGLang's torch fp8_paged_mqa_logits_torch"}}))
+    rep = sc.collect(str(tmp_path / "plan.json"), prometheus_port=1, dcgm_port=1, images_path=str(tmp_path / "i.json"))
+    assert rep["plan"]["index_keys"] == "fp8-torch" and "torch" in rep["plan"]["index_reader"]
+
+
 def test_the_collector_runs_as_a_script_with_only_the_standard_library(tmp_path):
     r = subprocess.run(["python3", "-I", str(status.COLLECTOR), "--plan", str(tmp_path / "none.json"),
                         "--prometheus-port", "1", "--dcgm-port", "1"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["plan"] is None
 
+
+def test_the_table_says_which_index_keys_and_reader_the_deployed_plan_set():
+    """The plan's index_k_dtype and index_reader (status_collect copies them from the host's plan.json)."""
+    rep = healthy()
+    rep["plan"] = {**rep["plan"], "index_keys": "fp8-tilelang",
+                   "index_reader": "fp8 keys + fp32 scale, 132 B/token; reader: SGLang's TileLang"}
+    view = status.snapshot(INV, collect=lambda s, h: {HOST: rep}, smoke=lambda s: smoke_ok())
+    assert "INDEX KEYS  fp8-tilelang: fp8 keys + fp32 scale, 132 B/token; reader: SGLang's TileLang" in \
+        status_view.render(view)
+    rep["plan"] = {k: v for k, v in rep["plan"].items() if not k.startswith("index_")}  # a plan from before: no line
+    assert "INDEX KEYS" not in status_view.render(status.snapshot(INV, collect=lambda s, h: {HOST: rep},
+                                                                  smoke=lambda s: smoke_ok()))

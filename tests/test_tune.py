@@ -81,8 +81,14 @@ def test_every_shipped_tune_files_candidates_plan(inv, facts):
     hv, groups, loc = inventory.load_located(inv)
     f = load_facts(f"tests/topologies/{facts}.json", list(hv))
     for cand in cfg["candidates"]:
-        tuned = {h: {**v, "pdstack_tune": {"name": cand["name"], "servers": cand["servers"]}} for h, v in hv.items()}
+        overlay = {"name": cand["name"], "servers": cand["servers"],
+                   **({"index_k_dtype": cand["index_k_dtype"]} if cand.get("index_k_dtype") else {})}
+        tuned = {h: {**v, "pdstack_tune": overlay} for h, v in hv.items()}
         plan = pipeline.make_plan(inventory.build_deployment(tuned, groups, inv, loc), f)
+        if cand.get("index_k_dtype"):  # the candidate's index keys, with every switch that picks their reader
+            assert plan.model["index_k_dtype"] == cand["index_k_dtype"], cand["name"]
+            assert all(s.env["SGLANG_OPT_USE_TILELANG_INDEXER"] == "0" for s in plan.servers
+                       if cand["index_k_dtype"] == "fp8-torch")
         for sel, change in cand["servers"].items():
             for s in plan.servers:
                 if sel in ("all", s.role, s.name):
@@ -103,6 +109,11 @@ def test_the_command_line_objective_wins_and_is_checked(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- the overlay (load)
+
+
+def test_the_production_tune_file_carries_the_fp8_torch_candidate():
+    cands = settings.load(settings.default_path("inventory/production"))["candidates"]
+    assert [c["name"] for c in cands if c.get("index_k_dtype") == "fp8-torch"] == ["fp8-torch-index-keys"]
 
 
 def _deployment(tune):

@@ -10,7 +10,7 @@ from typing import Any
 
 from pdstack.controller.check.tables import _REMOTE_PORT_WORDS, SECRET_WORDS
 from pdstack.controller.load import flags, rules
-from pdstack.switches import BF16_INDEX_K_ENV, PD_ENV, SM120_INDEXER_ENV
+from pdstack.switches import BF16_INDEX_K_ENV, PD_ENV, SM120_INDEXER_ENV, TILELANG_INDEXER_ENV
 
 
 def _dests(parser, table) -> dict[str, tuple[str, str]]:
@@ -34,7 +34,8 @@ def owned_env() -> dict[str, str]:
            "PYTHONHOME": "the image (its python3 installation)",
            "CUDA_HOME": "the image (the CUDA toolkit SGLang's JIT kernels build with)",
            BF16_INDEX_K_ENV: "pdstack_model.index_k_dtype (the same on prefill and decode)",
-           SM120_INDEXER_ENV: "pdstack_model.gpu_arch"}
+           SM120_INDEXER_ENV: "pdstack_model.index_k_dtype and gpu_arch",
+           TILELANG_INDEXER_ENV: "pdstack_model.index_k_dtype and gpu_arch"}
     env.update({name: f"pdstack_pd.{key}" for key, name in PD_ENV.items()})
     return env
 

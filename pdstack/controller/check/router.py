@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pdstack.controller.check.extra_args import _dests, _extra_arg_problems
 from pdstack.controller.check.tables import OWNED_ROUTER_FLAGS, WORKER_SET_ROUTER_FLAGS
-from pdstack.controller.load import flags, rules
+from pdstack.controller.load import flags, recall_grid, rules
 from pdstack.controller.load.inventory import Deployment
 
 
@@ -59,14 +59,26 @@ def _smoke_problems(dep: Deployment, p: list[str]) -> None:
     sm, ctx = dep.smoke, dep.model["context_length"]
     if not sm or not sm.get("enabled"):
         return
-    lengths = sm["grid"]["lengths"]
-    too_long = [n for n in lengths if n >= ctx]
+    lengths = sm["grid"]["lengths"] + ((sm.get("full") or {}).get("lengths") or [])
+    too_long = sorted({n for n in lengths if n > ctx})
     if too_long:
-        p.append(f"pdstack_smoke.grid.lengths: {too_long} reach pdstack_model.context_length {ctx}; a recall prompt "
-                 "must fit the context with its answer: drop them or raise context_length")
-    if sm["min_horizon"] > max(lengths):
+        p.append(f"pdstack_smoke.grid.lengths: {too_long} are past pdstack_model.context_length {ctx}; the longest "
+                 f"recall length is the context (its prompt is built {recall_grid.ANSWER_ROOM} tokens shorter, room "
+                 "for the answer): drop them or raise context_length")
+    est = recall_grid.smoke_estimates(sm, ctx, recall_grid.concurrency(sm, dep.router["admission"]))
+    est = est["grid"]["estimate_s"]
+    if est > sm["recall_budget_s"]:
+        p.append(f"pdstack_smoke.grid: its recall run is estimated at {est} s on the real host "
+                 f"({sm['prefill_tps']:g} prefill tok/s), over pdstack_smoke.recall_budget_s {sm['recall_budget_s']:g} "
+                 "s: move lengths or depths to pdstack_smoke.full (the --full run), or raise the budget")
+    longest = max(sm["grid"]["lengths"])  # the gate is the default grid's (--full reports past it)
+    if sm["min_horizon"] > longest:
         p.append(f"pdstack_smoke.min_horizon: {sm['min_horizon']} is beyond the longest recall length "
-                 f"{max(lengths)}, so the gate can never pass; lower it or add a longer length to grid.lengths")
+                 f"{longest}, so the gate can never pass; lower it or add a longer length to grid.lengths")
+    if dep.environment == "production" and (longest < ctx or sm["min_horizon"] < ctx // 2):
+        p.append(f"pdstack_smoke: production's recall gate must reach the context it serves: grid.lengths up to "
+                 f"pdstack_model.context_length {ctx} (longest: {longest}) and min_horizon at least {ctx // 2} "
+                 f"(now {sm['min_horizon']}); set them (inventory/production's smoke.yml), or lower context_length")
     if not sm.get("tokenizer") and dep.model_lock is None:  # with a lock, the model phase copies its tokenizer
         p.append("pdstack_smoke.tokenizer: unset, and the smoke gate builds its prompts with the model's tokenizer; "
                  "set it to the model's tokenizer directory on the controller, give the model a source and a lock "

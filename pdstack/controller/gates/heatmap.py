@@ -8,6 +8,9 @@ from pathlib import Path
 
 from pdstack.controller.gates.recall import MARK, RecallReport, _k
 
+# one panel per case kind of the report (gates/recall.py says what each asks)
+KIND_TITLES = {"single": "single needle", "multikey": "look-alike keys, one asked", "multi": "multi-needle, each asked"}
+
 
 def draw(report: RecallReport, path: str | Path) -> Path:
     """Depth (rows, 0 % on top) x context length (columns), coloured by the fraction of needles recalled, as the
@@ -36,7 +39,7 @@ def draw(report: RecallReport, path: str | Path) -> Path:
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("needle depth (% of the document)")
         h = report.horizon(v)
-        ax.set_title(f"{v}-needle recall: horizon {_k(h) if h else 0} tokens")
+        ax.set_title(f"{KIND_TITLES.get(v, v)}: horizon {_k(h) if h else 0} tokens")
         if h and h < max(report.lengths):
             x = report.lengths.index(h) + 0.5
             ax.axvline(x, color="black", linestyle="--", linewidth=1.2)

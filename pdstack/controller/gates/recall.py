@@ -1,10 +1,10 @@
-"""`pdstack recall`: needle-in-a-haystack recall through the router, over context lengths x needle depths.
+"""`pdstack recall`: needle-in-a-haystack recall through the router, over case kinds x context lengths x depths.
 
 The check the field team ran by hand when fp8 DSA index keys collapsed recall past ~2K tokens (docs/facts.md, The
-deployment), made a deploy gate. For every (length, depth) cell it builds a prompt of exactly `length` tokens (the
-model's own tokenizer) with the needle sentence `The secret code for <KEY> is <CODE>.` at `depth` % of the document
-(0 % = the start, farthest from the question; 100 % = just before it), asks `What is the secret code for <KEY>?`
-and grades the answer:
+deployment), made a deploy gate. For every (kind, length, depth) cell it builds a prompt of exactly `length` tokens
+less its jitter (the model's own tokenizer) with the needle sentence `The secret code for <KEY> is <CODE>.` at
+`depth` % of the document (0 % = the start, farthest from the question; 100 % = just before it), asks
+`What is the secret code for <KEY>?` and grades the answer:
 
     pass      the answer carries the code
     wrong     it answered, without the code (the recall failure this check exists for)
@@ -12,8 +12,17 @@ and grades the answer:
     http      an HTTP error (5xx, 400, ...) or a broken connection
     refused   the router's admission control said 429 (queue full) or 408 (queue timeout), after --retries retries
 
-Variants: `single` (one needle per prompt) and `multi` (--needles N needles spread over the document, each asked
-for in its own request; the cell passes when all are recalled).
+Case kinds (--variant; pdstack_smoke.grid.variant): `single` (one needle per prompt), `multikey` (--needles N
+needles whose keys differ only in a number, `amber harbor 41` / `amber harbor 14` / ..., spread over the document;
+the one at the cell's depth is asked for: the case that caught a DeepSeek indexer bug single needles missed,
+sgl-project/sglang issue 13439) and `multi` (N needles with distinct keys, each asked for in its own request; the
+cell passes when all are recalled).
+
+Every prompt opens with a fresh unique record line (a per-run nonce and the prompt's number), so no prefix cache can
+answer it from an earlier prompt or run; each cell's length is jittered down by 0..--jitter tokens
+(load/recall_grid.py: the offsets cycle, so each length asks several residues); reasoning is off, as the prompt is
+raw text to /generate (no chat template opens a thinking block). The cells, and what they cost on the real host,
+are load/recall_grid.py's.
 
 The **recall horizon** is the longest grid length L such that every cell at every length <= L passes (contiguous from
 the shortest length; 0 when the shortest fails). `--min-horizon` turns it into a gate: exit 1 when it is lower.
@@ -27,6 +36,7 @@ import concurrent.futures as cf
 import http.client
 import json
 import random
+import secrets
 import socket
 import sys
 import time
@@ -37,106 +47,23 @@ from pathlib import Path
 from typing import Any
 
 from pdstack.controller.gates import apikey, results
+from pdstack.controller.gates.needles import (  # noqa: F401 (the prompts: churn.py and tests use them from here)
+    HAYSTACK,
+    KEYS,
+    Needle,
+    PromptBuilder,
+    TokenCounter,
+    cell_needles,
+    needle_depths,
+)
 from pdstack.controller.gates.smoke_settings import DEFAULTS, NO_TOKENIZER, list_type
+from pdstack.controller.load import recall_grid
 from pdstack.hostside.probe import BUSY_REASONS, REFUSAL_HEADER, ROUTER_DOWN_REASON, refusal_reason
 
 RETRIES = 3  # retries of a 429/408 refusal
 MAX_NEW_TOKENS = 32  # answer length cap
 STATUSES = ("pass", "wrong", "timeout", "http", "refused")
 MARK = {"pass": ".", "wrong": "X", "timeout": "T", "http": "E", "refused": "R"}
-KEYS = ("amber harbor", "cobalt ridge", "linen orchard", "quartz meadow", "willow bridge", "copper lantern",
-        "violet canyon", "marble garden")
-
-# Plain, neutral prose for the haystack (no question marks, nothing that looks like a needle).
-HAYSTACK = (
-    "The river ran past the old mill and the morning light fell across the valley. Farmers walked along the "
-    "stone path with baskets of bread, and the children followed them to the market in the square. In the "
-    "evening the wind turned cold and the lamps were lit one after another along the quiet street. A simple "
-    "meal was shared at the long table, and stories were told about distant islands and ancient forests. "
-    "Later the clouds drifted over the mountain and the first snow of winter settled on the silver roofs. "
-    "Careful hands repaired the garden wall, and patient workers carried water from the well to the fields. "
-    "The library kept its windows open in summer so that the sound of the ocean reached the reading room. "
-    "Travelers spoke of bright harbors, hidden valleys and the steady rhythm of the seasons in the north. "
-)
-
-
-class TokenCounter:
-    """Counts tokens with the model's tokenizer (HF `tokenizers`, from DIR/tokenizer.json)."""
-
-    def __init__(self, tokenizer_dir: str | Path):
-        from tokenizers import Tokenizer
-
-        path = Path(tokenizer_dir)
-        f = path / "tokenizer.json" if path.is_dir() else path
-        if not f.exists():
-            raise FileNotFoundError(f"no tokenizer.json at {path}; pass --tokenizer DIR (the model directory)")
-        self.path = str(f)
-        self.tok = Tokenizer.from_file(str(f))
-
-    def count(self, text: str) -> int:
-        return len(self.tok.encode(text, add_special_tokens=False).ids)
-
-    def offsets(self, text: str) -> list[tuple[int, int]]:
-        return list(self.tok.encode(text, add_special_tokens=False).offsets)
-
-
-@dataclass
-class Needle:
-    key: str
-    code: str
-    depth: float  # % of the document before the needle
-
-    @property
-    def sentence(self) -> str:
-        return f"The secret code for {self.key} is {self.code}."
-
-    @property
-    def question(self) -> str:
-        return f"What is the secret code for {self.key}?"
-
-
-class PromptBuilder:
-    """Prompts of an exact token count: haystack, needles at their depths, then one question."""
-
-    def __init__(self, counter: TokenCounter, max_length: int):
-        self.counter = counter
-        text = HAYSTACK
-        # enough haystack for the longest prompt, tokenized once; slices by token offsets
-        while counter.count(text) < max_length + 64:
-            text += HAYSTACK
-        self.text = text
-        self.offs = counter.offsets(text)
-
-    def _slice(self, a: int, b: int) -> str:
-        """The haystack's tokens [a, b) as text."""
-        if b <= a:
-            return ""
-        return self.text[self.offs[a][0]:self.offs[b - 1][1]]
-
-    def build(self, length: int, needles: list[Needle], ask: Needle) -> str:
-        ordered = sorted(needles, key=lambda n: n.depth)
-        fixed = " ".join(n.sentence for n in ordered) + " " + ask.question
-        n_fill = max(0, length - self.counter.count(fixed) - 2)
-        for _ in range(8):  # converge on the exact count (BPE merges at the seams can shift it by a token or two)
-            prompt = self._compose(n_fill, ordered, ask)
-            got = self.counter.count(prompt)
-            if got == length or n_fill == 0 and got > length:
-                return prompt
-            n_fill = max(0, n_fill + (length - got))
-        return prompt
-
-    def _compose(self, n_fill: int, needles: list[Needle], ask: Needle) -> str:
-        parts, pos = [], 0
-        for n in needles:
-            cut = round(n_fill * n.depth / 100)
-            parts.append(self._slice(pos, cut))
-            parts.append(n.sentence)
-            pos = max(pos, cut)
-        parts.append(self._slice(pos, n_fill))
-        body = " ".join(p for p in parts if p)
-        return f"{body}\n{ask.question}"
-
-
 @dataclass
 class Outcome:
     key: str
@@ -230,6 +157,7 @@ class RecallReport:
     cells: list[Cell]
     min_horizon: int
     elapsed_s: float = 0.0
+    build_s: float = 0.0  # the controller's own cost: tokenizer load, prompt building and counting
 
     def horizon(self, variant: str | None = None) -> int:
         """Longest length L such that every cell at every length <= L passes (all variants unless one is named)."""
@@ -264,6 +192,7 @@ class RecallReport:
             "variants": self.variants, "needles": self.needles, "min_horizon": self.min_horizon,
             "horizon": self.horizon(), "horizon_by_variant": {v: self.horizon(v) for v in self.variants},
             "passed": self.passed, "counts": self.counts(), "elapsed_s": round(self.elapsed_s, 3),
+            "build_s": round(self.build_s, 3),
             "cells": [{**{k: v for k, v in asdict(c).items() if k != "outcomes"}, "status": c.status,
                        "score": c.score, "outcomes": [asdict(o) for o in c.outcomes]} for c in self.cells],
         }
@@ -272,7 +201,7 @@ class RecallReport:
         """Depth rows x length columns per variant; '.' pass, X wrong, T timeout, E HTTP error, R refused."""
         out = []
         for v in self.variants:
-            out.append(f"{v}-needle recall (rows: depth %, columns: context tokens; . pass  X wrong  T timeout  "
+            out.append(f"{v} recall (rows: depth %, columns: context tokens; . pass  X wrong  T timeout  "
                        "E HTTP error  R refused)")
             out.append("depth " + "".join(f"{_k(n):>7}" for n in self.lengths))
             for d in self.depths:
@@ -296,33 +225,30 @@ def _k(n: int) -> str:
     return f"{n / 1000:g}K" if n >= 1000 and n % 100 == 0 else str(n)
 
 
-def needle_depths(depth: float, n: int) -> list[float]:
-    """The depths of n needles: the cell's depth first, the others spread evenly over the document."""
-    return [depth] + [round((depth + 100 * k / n) % 100, 3) for k in range(1, n)]
-
-
 def run_recall(url: str, *, lengths: list[int], depths: list[float], tokenizer: str | Path, variants: list[str],
                needles: int = DEFAULTS["needles"], concurrency: int = DEFAULTS["concurrency"],
                timeout: float = DEFAULTS["timeout"], max_new_tokens: int = MAX_NEW_TOKENS, retries: int = RETRIES,
                min_horizon: int = DEFAULTS["min_horizon"], seed: int = 0, progress=None,
-               headers: dict[str, str] | None = None) -> RecallReport:
+               headers: dict[str, str] | None = None, jitter: int = DEFAULTS["jitter"],
+               context_length: int | None = None, nonce: str | None = None) -> RecallReport:
+    """`nonce`: the run's part of every prompt's unique record line (default: fresh random hex)."""
+    t0 = time.monotonic()
     counter = TokenCounter(tokenizer)
-    builder = PromptBuilder(counter, max(lengths))
+    grid = {"lengths": lengths, "depths": depths, "variant": variants, "needles": needles, "jitter": jitter}
+    specs = recall_grid.cells(grid, context_length, seed)
+    builder = PromptBuilder(counter, max(c.tokens for c in specs))
     rng = random.Random(seed)
+    nonce = nonce or secrets.token_hex(6)
     jobs: list[tuple[Cell, str, Needle]] = []
     cells: list[Cell] = []
-    for v in variants:
-        for length in lengths:
-            for d in depths:
-                ds = [d] if v == "single" else needle_depths(d, needles)
-                ns = [Needle(KEYS[i % len(KEYS)] + (f" {i // len(KEYS)}" if i >= len(KEYS) else ""),
-                             str(rng.randrange(100000, 1000000)), nd) for i, nd in enumerate(ds)]
-                cell = Cell(v, length, d, 0)
-                for n in ns:
-                    prompt = builder.build(length, ns, n)
-                    cell.prompt_tokens = counter.count(prompt)
-                    jobs.append((cell, prompt, n))
-                cells.append(cell)
+    for i, spec in enumerate(specs):
+        ns, asked = cell_needles(spec.kind, spec.depth, needles, rng, i)
+        cell = Cell(spec.kind, spec.length, spec.depth, 0)
+        for n in asked:
+            prompt, cell.prompt_tokens = builder.build_counted(spec.tokens, ns, n, f"Record {nonce}-{len(jobs)}.\n")
+            jobs.append((cell, prompt, n))
+        cells.append(cell)
+    build_s = time.monotonic() - t0
     start = time.monotonic()
     total = len(jobs)
     with cf.ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
@@ -335,8 +261,26 @@ def run_recall(url: str, *, lengths: list[int], depths: list[float], tokenizer: 
                 progress(done, total, time.monotonic() - start)
     for c in cells:  # keep needles in depth order for the JSON, whatever order they finished in
         c.outcomes.sort(key=lambda o: o.depth)
-    return RecallReport(url=url, tokenizer=counter.path, lengths=lengths, depths=depths, variants=variants,
-                        needles=needles, cells=cells, min_horizon=min_horizon, elapsed_s=time.monotonic() - start)
+    order = [k for k in recall_grid.KINDS if k in variants]
+    return RecallReport(url=url, tokenizer=counter.path, lengths=sorted(lengths), depths=depths, variants=order,
+                        needles=needles, cells=cells, min_horizon=min_horizon, elapsed_s=time.monotonic() - start,
+                        build_s=build_s)
+
+
+def run_with(url: str, cfg: dict[str, Any], *, headers: dict[str, str] | None = None, progress=None) -> RecallReport:
+    """run_recall with the smoke tools' settings (smoke_settings: the inventory's, then the flags given)."""
+    return run_recall(url, lengths=cfg["lengths"], depths=cfg["depths"], tokenizer=cfg["tokenizer"],
+                      variants=recall_grid.kinds(cfg["variant"]), needles=cfg["needles"],
+                      concurrency=cfg["concurrency"], timeout=cfg["timeout"], min_horizon=cfg["min_horizon"],
+                      headers=headers, progress=progress, jitter=cfg["jitter"], context_length=cfg["context_length"])
+
+
+def estimate_line(cfg: dict[str, Any]) -> str:
+    """What the grid of these settings costs on the real host (load/recall_grid.py's model), said before it runs."""
+    e = recall_grid.estimate(cfg, prefill_tps=cfg["prefill_tps"], decode_tps=cfg.get("baseline"),
+                             concurrency=cfg["concurrency"], context_length=cfg["context_length"])
+    return (f"recall: {e['cells']} cells, {e['requests']} requests, {e['prompt_tokens']:,} prompt tokens; on the "
+            f"real host ~{e['estimate_s']} s at {cfg['prefill_tps']:g} prefill tok/s (pdstack_smoke.prefill_tps)")
 
 
 def print_progress(stream=None):
@@ -378,10 +322,15 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", default=d["tokenizer"],
                    help="directory with the model's tokenizer.json (required: the model's own; for the sim test "
                         "engine pdstack/testing/sim/tokenizer)")
-    p.add_argument("--variant", choices=("single", "multi", "both"), default=d["variant"],
-                   help=f"single needle, multi-needle (--needles per prompt), or both (default {d['variant']})")
+    p.add_argument("--variant", type=variant_list, default=d["variant"],
+                   help="case kinds, e.g. single,multikey: single, multikey (look-alike keys, one asked), multi "
+                        f"(--needles needles, each asked), or both = single,multi (default {_kinds(d['variant'])})")
     p.add_argument("--needles", type=int, default=d["needles"],
-                   help=f"needles per prompt in the multi variant (default {d['needles']})")
+                   help=f"needles per prompt in the multi and multikey kinds (default {d['needles']})")
+    p.add_argument("--jitter", type=int, default=d["jitter"],
+                   help=f"each cell's prompt is its length less 0..JITTER tokens, cycling (default {d['jitter']})")
+    p.add_argument("--context-length", type=int, default=d["context_length"],
+                   help="the model's context length: a longer grid length is built to fit it with the answer")
     p.add_argument("--concurrency", type=int, default=d["concurrency"],
                    help="requests in flight; keep it within the router's max_concurrent_requests "
                         f"(default {d['concurrency']})")
@@ -399,8 +348,16 @@ def register(p: argparse.ArgumentParser) -> None:
     p.epilog = "exit codes: 0 pass, 1 horizon below --min-horizon, 2 usage, 3 nothing could be graded"
 
 
+def _kinds(variant) -> str:
+    return ",".join(recall_grid.kinds(variant))
+
+
+variant_list = list_type(lambda v: v, lambda v: v in (*recall_grid.KINDS, "both"),
+                         f"give case kinds: {', '.join(recall_grid.KINDS)} (or both = single,multi)")
+
+
 def run(args: argparse.Namespace) -> int:
-    variants = ["single", "multi"] if args.variant == "both" else [args.variant]
+    variants = recall_grid.kinds(args.variant)
     if not args.tokenizer:
         print(f"pdstack recall: {NO_TOKENIZER}", file=sys.stderr)
         return 2
@@ -409,7 +366,7 @@ def run(args: argparse.Namespace) -> int:
                             variants=variants, needles=args.needles, concurrency=args.concurrency,
                             timeout=args.timeout, max_new_tokens=args.max_new_tokens, retries=args.retries,
                             min_horizon=args.min_horizon, seed=args.seed, progress=print_progress(),
-                            headers=apikey.from_env())
+                            headers=apikey.from_env(), jitter=args.jitter, context_length=args.context_length)
     except (FileNotFoundError, ImportError) as e:
         print(f"pdstack recall: {e}", file=sys.stderr)
         return 2

@@ -28,12 +28,12 @@ from pdstack.errors import InventoryError
 from pdstack.hostside import probe
 
 
-def run_smoke(url: str, out: Path, *, lengths: list[int], depths: list[float], tokenizer: str, variants: list[str],
-              needles: int, concurrency: int, min_horizon: int, baseline_tps: float | None, tolerance: float,
-              bench_concurrency: list[int], bench_requests: int, bench_tokens: int, timeout: float,
-              probe_first_token_timeout: float, probe_stall_timeout: float, agent: dict | None = None,
-              headers: dict[str, str] | None = None) -> tuple[bool, dict, str]:
-    """Every gate against `url`, results in `out`. `headers`: sent with every request (apikey.from_env())."""
+def run_smoke(url: str, out: Path, *, cfg: dict, probe_first_token_timeout: float, probe_stall_timeout: float,
+              agent: dict | None = None, headers: dict[str, str] | None = None) -> tuple[bool, dict, str]:
+    """Every gate against `url`, results in `out`. `cfg`: settings() (smoke_settings' keys); `headers`: sent with
+    every request (apikey.from_env())."""
+    tokenizer, timeout, min_horizon = cfg["tokenizer"], cfg["timeout"], cfg["min_horizon"]
+    lengths, depths, baseline_tps = cfg["lengths"], cfg["depths"], cfg["baseline"]
     out.mkdir(parents=True, exist_ok=True)
     lines, gates = [], {}
 
@@ -43,9 +43,8 @@ def run_smoke(url: str, out: Path, *, lengths: list[int], depths: list[float], t
     gates["probe"] = {"passed": pr.ok, "stage": pr.stage, "exit_code": pr.code, "message": pr.message}
     lines.append(f"probe   {'PASS' if pr.ok else 'FAIL'}  [{pr.stage}] {pr.message}")
 
-    rr = recall.run_recall(url, lengths=lengths, depths=depths, tokenizer=tokenizer, variants=variants,
-                           needles=needles, concurrency=concurrency, timeout=timeout, min_horizon=min_horizon,
-                           progress=recall.print_progress(), headers=headers)
+    print(recall.estimate_line(cfg), file=sys.stderr, flush=True)
+    rr = recall.run_with(url, cfg, headers=headers, progress=recall.print_progress())
     results.write_json(out / "recall.json", rr.to_dict())
     png = heatmap.draw(rr, out / "recall.png")
     counts = rr.counts()
@@ -53,11 +52,13 @@ def run_smoke(url: str, out: Path, *, lengths: list[int], depths: list[float], t
                        "heatmap": str(png)}
     lines.append(f"recall  {'PASS' if rr.passed else 'FAIL'}  horizon {rr.horizon()} tokens (min {min_horizon}; "
                  f"grid {recall._k(min(lengths))}..{recall._k(max(lengths))} x {len(depths)} depths); "
+                 f"{'+'.join(rr.variants)}, prompts built in {rr.build_s:.1f} s; "
                  + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
                  + (f"; {rr.auth_refused}" if rr.auth_refused else ""))
 
-    br = bench.run_bench(url, concurrency=bench_concurrency, requests=bench_requests, max_new_tokens=bench_tokens,
-                         timeout=timeout, baseline_tps=baseline_tps, tolerance=tolerance,
+    br = bench.run_bench(url, concurrency=cfg["bench_concurrency"], requests=cfg["bench_requests"],
+                         max_new_tokens=cfg["bench_tokens"], timeout=timeout, baseline_tps=baseline_tps,
+                         tolerance=cfg["tolerance"],
                          progress=lambda m: print(m, file=sys.stderr, flush=True), headers=headers)
     results.write_json(out / "bench.json", br.to_dict())
     c1 = br.c1
@@ -98,8 +99,13 @@ def register(p: argparse.ArgumentParser) -> None:
                    help=f"recall depths, %% (default {','.join(f'{x:g}' for x in d['depths'])})")
     p.add_argument("--tokenizer", help="directory with the model's tokenizer.json (default: the inventory's "
                                         "pdstack_smoke.tokenizer; one is required)")
-    p.add_argument("--variant", choices=("single", "multi", "both"), help=f"needle variants (default {d['variant']})")
-    p.add_argument("--needles", type=int, help=f"needles per prompt, multi variant (default {d['needles']})")
+    p.add_argument("--variant", type=recall.variant_list,
+                   help=f"recall case kinds, e.g. single,multikey (default {recall._kinds(d['variant'])})")
+    p.add_argument("--needles", type=int, help=f"needles per prompt, multi/multikey (default {d['needles']})")
+    p.add_argument("--jitter", type=int, help=f"recall length jitter, tokens (default {d['jitter']})")
+    p.add_argument("--full", action="store_true",
+                   help="the longer recall grid (pdstack_smoke.full over grid; after an upgrade): not held to "
+                        "pdstack_smoke.recall_budget_s")
     p.add_argument("--concurrency", type=int,
                    help=f"recall requests in flight, within router admission (default {d['concurrency']})")
     p.add_argument("--min-horizon", type=int, help=f"recall gate, tokens (default {d['min_horizon']})")
@@ -141,7 +147,9 @@ def settings(args: argparse.Namespace, dep: inventory.Deployment | None) -> dict
     cfg = dict(DEFAULTS)
     if dep is not None:
         cfg.update(smoke_settings.from_deployment(dep))
-    cfg.update({k: v for k, v in vars(args).items() if k in DEFAULTS and v is not None})
+    if args.full:
+        cfg.update(cfg["full"])
+    cfg.update({k: v for k, v in vars(args).items() if k in DEFAULTS and v is not None and k != "full"})
     return cfg
 
 
@@ -149,7 +157,6 @@ def run(args: argparse.Namespace) -> int:
     headers = apikey.from_env()  # before any request: a key file others can read is a usage error (exit 2)
     dep = deployment(args)
     cfg = settings(args, dep)
-    variants = ["single", "multi"] if cfg["variant"] == "both" else [cfg["variant"]]
     agent = agent_gates.settings_from_deployment(dep) if dep is not None else {}
     if not cfg["tokenizer"]:
         print(f"pdstack smoke: {smoke_settings.NO_TOKENIZER}", file=sys.stderr)
@@ -159,13 +166,8 @@ def run(args: argparse.Namespace) -> int:
                                     "model": args.model}.items() if v is not None})
     try:
         passed, _, text = run_smoke(
-            args.url, Path(args.out), lengths=cfg["lengths"], depths=cfg["depths"], tokenizer=cfg["tokenizer"],
-            variants=variants, needles=cfg["needles"], concurrency=cfg["concurrency"],
-            min_horizon=cfg["min_horizon"], baseline_tps=cfg["baseline"], tolerance=cfg["tolerance"],
-            bench_concurrency=cfg["bench_concurrency"], bench_requests=cfg["bench_requests"],
-            bench_tokens=cfg["bench_tokens"], timeout=cfg["timeout"],
-            probe_first_token_timeout=args.probe_first_token_timeout, probe_stall_timeout=args.probe_stall_timeout,
-            agent=agent, headers=headers)
+            args.url, Path(args.out), cfg=cfg, probe_first_token_timeout=args.probe_first_token_timeout,
+            probe_stall_timeout=args.probe_stall_timeout, agent=agent, headers=headers)
     except (FileNotFoundError, ImportError) as e:
         print(f"pdstack smoke: {e}", file=sys.stderr)
         return 2

@@ -17,25 +17,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pdstack.controller.load import inventory
+from pdstack.controller.load import inventory, recall_grid
 from pdstack.errors import InventoryError
 
 NO_TOKENIZER = ("no tokenizer: give --tokenizer DIR (pdstack_smoke.tokenizer with -i), the model's tokenizer "
                 "directory on the controller; prompts are built to exact token counts with it (for the sim test "
                 "engine: pdstack/testing/sim/tokenizer)")
 ROOT = Path(__file__).resolve().parents[3]  # the checkout: build/ lives here
-# recall requests in flight when the router's admission control is off (max_concurrent_requests -1)
-CONCURRENCY_WITHOUT_ADMISSION = 4
 
 
 def settings(smoke: dict[str, Any], admission: dict[str, Any]) -> dict[str, Any]:
     """A defaults-filled pdstack_smoke (and the router's admission) as flat settings of the smoke tools."""
     grid, bench = smoke["grid"], smoke["bench"]
-    limit = admission["max_concurrent_requests"]
     return {"lengths": list(grid["lengths"]), "depths": list(grid["depths"]),
-            "tokenizer": smoke["tokenizer"], "variant": grid["variant"],
-            "needles": grid["needles"],
-            "concurrency": smoke["concurrency"] or (limit if limit > 0 else CONCURRENCY_WITHOUT_ADMISSION),
+            "tokenizer": smoke["tokenizer"], "variant": recall_grid.kinds(grid["variant"]),
+            "needles": grid["needles"], "jitter": grid["jitter"], "context_length": None,
+            "prefill_tps": smoke["prefill_tps"], "recall_budget_s": smoke["recall_budget_s"],
+            "full": {k: v for k, v in (smoke.get("full") or {}).items() if v is not None},
+            "concurrency": recall_grid.concurrency(smoke, admission),
             "min_horizon": smoke["min_horizon"], "timeout": float(smoke["timeout_s"]),
             "baseline": bench["baseline_tps"], "tolerance": bench["tolerance"],
             "bench_concurrency": list(bench["concurrency"]), "bench_requests": bench["requests"],
@@ -63,6 +62,7 @@ def from_deployment(dep: inventory.Deployment) -> dict[str, Any]:
     """The settings of a loaded inventory (inventory.load: its files, or the preflight role's resolved variables).
     Without pdstack_smoke.tokenizer, an inventory whose model phase fetches a lock uses that phase's tokenizer copy."""
     out = settings(dep.smoke, dep.router["admission"])
+    out["context_length"] = dep.model["context_length"]
     if not out["tokenizer"] and dep.model_lock is not None:
         out["tokenizer"] = str(model_tokenizer_dir(dep))
     return out

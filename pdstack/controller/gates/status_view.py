@@ -54,6 +54,13 @@ def servers(view: dict[str, Any]) -> list[str]:
     return ["SERVERS", *table(rows)] if len(rows) > 1 else ["SERVERS  none reported"]
 
 
+def index_keys(view: dict[str, Any]) -> list[str]:
+    """Which DSA index keys the deployed plan set, and which kernel reads them (the plan's switches decide it)."""
+    seen = {((rep.get("plan") or {}).get("index_keys"), (rep.get("plan") or {}).get("index_reader"))
+            for rep in view["hosts"].values() if (rep.get("plan") or {}).get("index_keys")}
+    return [f"INDEX KEYS  {dtype}: {reader}" for dtype, reader in sorted(seen)]
+
+
 def router(host: str, rep: dict[str, Any]) -> list[str]:
     r = rep["router"]
     lines = [f"ROUTER  {host}  unit {_unit(rep, r['unit'])}  readiness {r.get('readiness') or 'no answer'}"]
@@ -137,7 +144,7 @@ def render(view: dict[str, Any], color: bool = False, now: float | None = None) 
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(view.get("time") or now))
     out = [_c(f"pdstack status  {view.get('inventory')}  {stamp}  ({view.get('seconds', 0):.1f} s)", "bold", color),
            ""]
-    out += servers(view)
+    out += servers(view) + index_keys(view)
     for host, rep in sorted(view["hosts"].items()):
         if rep.get("unreachable") or rep.get("failed"):
             out.append(_c(f"HOST  {host}  {rep.get('unreachable') or rep.get('failed')}", "red", color))

@@ -219,6 +219,8 @@ def _build(hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]], so
         top[key] = validate_field(f, first.get(key), key, problems, key in first)
     problems += _profile_problems(top, locations)
     hostvars = _with_tune(top.get("pdstack_tune"), hostvars, locations, problems)
+    if (top.get("pdstack_tune") or {}).get("index_k_dtype") and isinstance(top.get("pdstack_model"), dict):
+        top["pdstack_model"]["index_k_dtype"] = top["pdstack_tune"]["index_k_dtype"]  # the candidate's reader
     # unknown pdstack_* variables are almost always typos
     known = set(TOP_LEVEL) | set(HOST_LEVEL) | {"pdstack_sim_gpus"}  # sim GPUs: read by the facts role only
     for name, hv in hostvars.items():

@@ -41,6 +41,9 @@ TUNE = Schema("pdstack_tune", {
                   check=rules.name_problem),
     "servers": Field((dict,), "which servers change: prefill, decode, all, or a server's name -> {extra_args, env}",
                      default=dict),
+    "index_k_dtype": Field((str,), "the candidate's pdstack_model.index_k_dtype (the index-key layout and reader, "
+                           "with every switch that decides it: pdstack/switches.py); unset: the inventory's",
+                           default=None, choices=("bf16", "fp8-torch", "fp8-tilelang")),
 })
 
 
@@ -53,7 +56,7 @@ def apply(tune: dict[str, Any] | None, hostvars: dict[str, dict[str, Any]],
     """(hostvars with the overlay merged into every selected server, {server variable path: overlay path}).
     `tune` is the validated pdstack_tune (None: no overlay). A selector that names no server is a problem."""
     if not tune or not tune.get("servers"):
-        return hostvars, {}
+        return hostvars, {}  # (index_k_dtype, a model setting, is merged by inventory.load into pdstack_model)
     out = copy.deepcopy(hostvars)
     where: dict[str, str] = {}
     names = sorted({str(s.get("name")) for hv in hostvars.values() for s in hv.get("pdstack_servers") or []

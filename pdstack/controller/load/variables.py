@@ -8,6 +8,7 @@ from typing import Any
 
 from pdstack.controller.load import rules
 from pdstack.controller.load.schema import Field, Schema, as_number
+from pdstack.controller.load.smoke_schema import SMOKE, SMOKE_AGENT, SMOKE_BENCH, SMOKE_GRID  # noqa: F401
 from pdstack.controller.load.tune_overlay import TUNE
 
 ENVIRONMENTS = ("production", "local", "test")
@@ -200,8 +201,10 @@ MODEL = Schema("pdstack_model", {
     "context_length": Field((int,), "maximum context length in tokens (--context-length)", check=_positive),
     "family": Field((str,), "model family: deepseek_v4 turns on DeepSeek-V4 rules (no --hicache-size, DSA index keys)",
                     default="deepseek_v4", choices=("deepseek_v4", "other")),
-    "index_k_dtype": Field((str,), "DSA indexer key dtype: bf16 (pdstack's patch; fixes recall past ~2K tokens) or "
-                           "fp8 (upstream, 132 B/token)", default="bf16", choices=("bf16", "fp8")),
+    "index_k_dtype": Field((str,), "DSA index keys and their reader: bf16 (pdstack's patch, 256 B/token; the recall "
+                           "fix), fp8-torch (132 B/token, SGLang's torch reader: recall unproven) or fp8-tilelang "
+                           "(132 B/token, upstream's sm_120 default: collapsed past ~2K)", default="bf16",
+                           choices=("bf16", "fp8-torch", "fp8-tilelang")),
     "trust_remote_code": Field((bool,), "pass --trust-remote-code", default=True),
     "gpu_arch": Field((str,), "GPU architecture of the serving hosts: sm_120 (RTX PRO 6000 Blackwell) has no DeepGEMM "
                       "build, so DeepSeek-V4's indexer is routed to the torch/pdstack-kernel path", default="sm_120",
@@ -383,58 +386,6 @@ ROLLOUT = Schema("pdstack_rollout", {
     "probe_timeout_secs": Field((int,), "seconds a restarted server has, after its /health, to pass a real generation "
                                 "(prefill -> KV transfer -> decode) before it is put back; then the play fails and it "
                                 "stays out of the router", default=120, check=_seconds(120)),
-})
-
-SMOKE_GRID = Schema("grid", {
-    "lengths": Field((list,), "recall context lengths, tokens", default=lambda: [1000, 2000, 4000, 8000, 16000, 32000],
-                     check=lambda v: None if v and all(isinstance(x, int) and x > 0 for x in v)
-                     else f"{v!r} must be a list of token counts > 0"),
-    "depths": Field((list,), "needle depths, % of the document", default=lambda: [0, 25, 50, 75, 100],
-                    check=lambda v: None if v and all(isinstance(x, int | float) and 0 <= x <= 100 for x in v)
-                    else f"{v!r} must be a list of percentages 0-100"),
-    "variant": Field((str,), "single, multi or both needle variants", default="both",
-                     choices=("single", "multi", "both")),
-    "needles": Field((int,), "needles per prompt in the multi variant", default=3, check=_positive),
-})
-
-SMOKE_BENCH = Schema("bench", {
-    "baseline_tps": Field((int, float), "expected C=1 decode tokens/s (the reference: ~64); unset: report only",
-                          default=None, check=_positive),
-    "tolerance": Field((int, float), "allowed shortfall below the baseline, a fraction", default=0.2,
-                       check=lambda v: None if 0 <= v < 1 else f"{v} must be in [0, 1)"),
-    "concurrency": Field((list,), "concurrency levels of the sweep (keep within router admission)",
-                         default=lambda: [1, 2, 4],
-                         check=lambda v: None if v and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
-                                                           for x in v)
-                         else f"{v!r} must be a list of concurrency levels > 0, e.g. [1, 2, 4]"),
-    "requests": Field((int,), "requests per level", default=3, check=_positive),
-    "max_new_tokens": Field((int,), "tokens each bench request decodes", default=128, check=_positive),
-})
-
-SMOKE_AGENT = Schema("agent", {
-    "tools": Field((bool,), "the tool-call gate: a function-call round trip, streamed and not", default=True),
-    "reasoning": Field((bool,), "its reasoning checks; unset: on when the plan renders a reasoning parser",
-                       default=None),
-    "churn": Field((bool,), "the answers-under-churn gate", default=True),
-    "churn_lengths": Field((list,), "needle prompt lengths of the churn gate, tokens",
-                           default=lambda: [1000, 4000, 16000],
-                           check=lambda v: None if v and all(isinstance(x, int) and x > 0 for x in v)
-                           else f"{v!r} must be a list of token counts > 0"),
-    "churn_rounds": Field((int,), "times each fixed prompt is asked under churn", default=2, check=_positive),
-})
-
-SMOKE = Schema("pdstack_smoke", {
-    "agent": Field((dict,), "the agent gates: tool calls and reasoning, answers under churn", default=dict,
-                   schema=SMOKE_AGENT),
-    "enabled": Field((bool,), "run the smoke phase after a deploy", default=True),
-    "min_horizon": Field((int,), "recall horizon (tokens) under which the deploy fails", default=0),
-    "grid": Field((dict,), "the recall grid", default=dict, schema=SMOKE_GRID),
-    "concurrency": Field((int,), "recall requests in flight; default: the router's max_concurrent_requests "
-                         "(4 when admission is off)", default=None, check=_positive),
-    "timeout_s": Field((int, float), "seconds per smoke request", default=300, check=_positive),
-    "tokenizer": Field((str,), "directory on the controller with the model's tokenizer.json (the smoke tools "
-                       "need one; the sim test engine's is pdstack/testing/sim/tokenizer)", default=None),
-    "bench": Field((dict,), "the throughput check", default=dict, schema=SMOKE_BENCH),
 })
 
 TOP_LEVEL = {

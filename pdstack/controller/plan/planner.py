@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from pdstack.controller.check import preflight
-from pdstack.controller.load import flags, inventory, rules, variables
+from pdstack.controller.load import flags, inventory, recall_grid, rules, variables
 from pdstack.controller.load.inventory import Deployment
 from pdstack.controller.plan import model as model_plan
 from pdstack.errors import InventoryError
 from pdstack.switches import (  # read by our SGLang patch series (kernels/patches) and SGLang
-    BF16_INDEX_K_ENV,
     PD_ENV,
-    SM120_INDEXER_ENV,
+    index_k_env,
+    index_reader,
 )
 
 # The plan's contract with the roles: what every field is. make_plan's output is checked against it.
@@ -126,6 +126,8 @@ class Plan:
     monitoring: dict[str, Any] = field(default_factory=dict)
     # the rollout bounds (pdstack_rollout, drain defaulting to the router's request timeout)
     rollout: dict[str, Any] = field(default_factory=dict)
+    # the smoke phase's recall grid, default and --full, with its estimated time on the real host (load/recall_grid)
+    recall: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -284,10 +286,8 @@ def server_env(dep: Deployment, s: dict) -> dict[str, str]:
     env = {"NVIDIA_VISIBLE_DEVICES": ",".join(map(str, s["gpus"]))}
     env.update({name: f"{dep.pd[key]:g}" if isinstance(dep.pd[key], float) else str(dep.pd[key])
                 for key, name in PD_ENV.items()})
-    if dep.model["family"] == "deepseek_v4" and dep.model["index_k_dtype"] == "bf16":
-        env[BF16_INDEX_K_ENV] = "1"  # the same on prefill and decode: their PD page rows must match in size
-    if dep.model["family"] == "deepseek_v4" and dep.model["gpu_arch"] == "sm_120":
-        env[SM120_INDEXER_ENV] = "1"
+    if dep.model["family"] == "deepseek_v4":  # the same on prefill and decode: their PD page rows must match in size
+        env.update(index_k_env(dep.model["index_k_dtype"], dep.model["gpu_arch"]))
     env.update({str(k): str(v) for k, v in s["env"].items()})
     return env
 
@@ -431,7 +431,8 @@ def build_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fa
     img = resolve_image(dep.image, dep.warnings, require=require_image)
     return Plan(inventory=dep.source, environment=dep.environment, engine=dep.image["engine"], image=img.ref,
                 image_id=img.image_id, image_tarball=img.tarball, image_pull=img.pull, image_labels=img.labels,
-                model={**dep.model, "lock": dep.model_lock, "fetch": model_plan.fetch_plan(dep),
+                model={**dep.model, "index_reader": index_reader(dep.model["index_k_dtype"]), "lock": dep.model_lock,
+                       "fetch": model_plan.fetch_plan(dep),
                        "needs": model_plan.host_needs(dep, facts)}, servers=servers, router=router,
                 monitoring_hosts=dep.monitoring_hosts, warnings=dep.warnings,
                 monitoring={"hosts": list(dep.monitoring_hosts),
@@ -439,7 +440,10 @@ def build_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fa
                             **exporter_ports(dep)},
                 rollout={"drain_timeout_secs": dep.rollout["drain_timeout_secs"] or dep.router["request_timeout_secs"],
                          "probe_timeout_secs": dep.rollout["probe_timeout_secs"],
-                         "watchdog_hold_file": WATCHDOG_HOLD_FILE})
+                         "watchdog_hold_file": WATCHDOG_HOLD_FILE},
+                recall=recall_grid.smoke_estimates(dep.smoke, dep.model["context_length"],
+                                                   recall_grid.concurrency(dep.smoke, dep.router["admission"]))
+                if dep.smoke.get("enabled") else None)
 
 
 def exporter_ports(dep: Deployment) -> dict[str, int]:

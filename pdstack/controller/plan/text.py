@@ -5,13 +5,26 @@ from __future__ import annotations
 from pdstack.controller.plan.planner import Plan
 
 
+def recall_text(rc: dict) -> list[str]:
+    """The smoke phase's recall gate: its grid, the gate, and what it costs on the real host."""
+    out = [f"recall gate: horizon >= {rc['min_horizon']} tokens; estimates at {rc['prefill_tps']:g} prefill tok/s "
+           "(pdstack_smoke.prefill_tps, every prompt uncached)"]
+    for name, g in (("smoke", rc["grid"]), ("--full", rc["full"])):
+        fits = f", budget {rc['budget_s']:g} s" if name == "smoke" else ""
+        depths = ",".join(f"{d:g}" for d in g["depths"])
+        out.append(f"  {name:6} lengths {','.join(map(str, g['lengths']))}; depths {depths} %; "
+                   f"{'+'.join(g['kinds'])} ({g['needles']} keys), jitter 0..{g['jitter']}: {g['cells']} cells, "
+                   f"{g['requests']} requests, {g['prompt_tokens']:,} tokens, ~{g['estimate_s']} s{fits}")
+    return out
+
+
 def render_text(plan: Plan) -> str:
     """The plan for people."""
     out = [f"pdstack plan: {plan.inventory} ({plan.environment}, engine {plan.engine}"
            + (", TEST ENGINE" if plan.engine == "sim" else "") + ")",
            f"  image  {plan.image}" + (f" (pulled by digest: {plan.image_pull})" if plan.image_pull else ""),
-           f"  model  {plan.model['served_name']} from {plan.model['path']} (context {plan.model['context_length']}, "
-           f"index keys {plan.model['index_k_dtype']})"]
+           f"  model  {plan.model['served_name']} from {plan.model['path']} (context {plan.model['context_length']})",
+           f"         index keys {plan.model['index_k_dtype']}: {plan.model['index_reader']}"]
     lock, src = plan.model.get("lock"), plan.model.get("source")
     if lock and src:
         frm = {"hf": f"{src.get('repo')}@{src.get('revision')} ({src.get('endpoint')})", "http": src.get("url"),
@@ -44,6 +57,8 @@ def render_text(plan: Plan) -> str:
             f"{r.stop_timeout_secs - 10} s)", f"  argv {' '.join(r.argv)}", ""]
     out += [f"rollouts: one server at a time, drain <= {plan.rollout['drain_timeout_secs']} s, probe <= "
             f"{plan.rollout['probe_timeout_secs']} s", ""]
+    if plan.recall:
+        out += recall_text(plan.recall) + [""]
     out += [f"monitoring on {', '.join(plan.monitoring_hosts)}"]
     out += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(out)

@@ -60,7 +60,8 @@ class Tuner:
     # ------------------------------------------------------------------------------------------------ checks
 
     def overlay(self, cand: dict[str, Any]) -> dict[str, Any]:
-        return {"name": cand["name"], "servers": cand["servers"]}
+        return {"name": cand["name"], "servers": cand["servers"],
+                **({"index_k_dtype": cand["index_k_dtype"]} if cand.get("index_k_dtype") else {})}
 
     def plan_of(self, cand: dict[str, Any] | None):
         hv = {h: {**v, **({"pdstack_tune": self.overlay(cand)} if cand else {})} for h, v in self.hostvars.items()}
@@ -171,12 +172,10 @@ class Tuner:
     def measure(self, name: str, url: str, headers: dict[str, str], key: str | None) -> dict[str, Any]:
         smoke = smoke_settings.from_deployment(self.base_dep)
         d = self.out / name
-        variants = ["single", "multi"] if smoke["variant"] == "both" else [smoke["variant"]]
         say(f"{name}: recall gate ({len(smoke['lengths'])} lengths x {len(smoke['depths'])} depths, min horizon "
             f"{smoke['min_horizon']})")
-        rr = recall.run_recall(url, lengths=smoke["lengths"], depths=smoke["depths"], tokenizer=smoke["tokenizer"],
-                               variants=variants, needles=smoke["needles"], concurrency=smoke["concurrency"],
-                               timeout=smoke["timeout"], min_horizon=smoke["min_horizon"], headers=headers)
+        say(f"{name}: {recall.estimate_line(smoke)}")
+        rr = recall.run_with(url, smoke, headers=headers)
         results.write_json(d / "recall.json", rr.to_dict())
         heatmap.draw(rr, d / "recall.png")
         rec = {"passed": rr.passed, "horizon": rr.horizon(), "min_horizon": smoke["min_horizon"],

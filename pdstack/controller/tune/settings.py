@@ -63,7 +63,10 @@ SWEEP = Schema("sweep", {
 CANDIDATE = Schema("candidate", {
     "name": Field((str,), "the candidate's name (its results directory)", check=rules.name_problem),
     "description": Field((str,), "what it tries and why", default=""),
-    "servers": Field((dict,), "which servers change: prefill, decode, all or a server name -> {extra_args, env}"),
+    "servers": Field((dict,), "which servers change: prefill, decode, all or a server name -> {extra_args, env} "
+                     "({}: none, as with a candidate that changes only index_k_dtype)"),
+    "index_k_dtype": Field((str,), "the candidate's index-key layout and reader (pdstack_model.index_k_dtype); unset: "
+                           "the inventory's", default=None, choices=("bf16", "fp8-torch", "fp8-tilelang")),
 })
 
 TUNE_FILE = Schema("tune.yml", {

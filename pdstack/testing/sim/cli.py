@@ -15,7 +15,7 @@ import signal
 import sys
 
 from pdstack.errors import PdstackError
-from pdstack.switches import BF16_INDEX_K_ENV  # the switch of pdstack's SGLang patch series
+from pdstack.switches import BF16_INDEX_K_ENV, TILELANG_INDEXER_ENV  # what decides the index-key reader
 from pdstack.testing.sim import TEST_ENGINE_LABEL
 from pdstack.testing.sim.speed import model as speed_model
 
@@ -80,9 +80,25 @@ IGNORED_SGLANG_FLAGS: list[tuple[tuple[str, ...], dict]] = [
 FP8_COLLAPSE_HORIZON = 2048  # index_topk 512 x compress ratio 4: where fp8 index keys lost recall in the field
 
 
-def default_recall_horizon() -> int:
-    """Like the real engine: unlimited with bf16 index keys (the patch switch set), else the fp8 collapse."""
-    return 0 if os.environ.get(BF16_INDEX_K_ENV) == "1" else FP8_COLLAPSE_HORIZON
+# The fp8 keys + SGLang's torch reader (index_k_dtype fp8-torch): whether it recalls is unknown on a real card, so a
+# test selects it with this variable (tokens; 0 = unlimited); unset: the collapse, so nothing unproven passes.
+FP8_TORCH_HORIZON_ENV = "PDSTACK_SIM_FP8_TORCH_RECALL_HORIZON"
+
+
+def default_recall_horizon(env: dict[str, str] | None = None) -> int:
+    """Like the real engine, by the switches that pick the index-key reader (pdstack/switches.py INDEX_K_CHOICES):
+    bf16 keys (pdstack's switch 1): unlimited; fp8 keys with SGLANG_OPT_USE_TILELANG_INDEXER=0 (the torch reader):
+    FP8_TORCH_HORIZON_ENV, default the collapse; fp8 keys with TileLang (set to 1, or unset: SGLang's model hook turns
+    it on for DeepSeek V4 on sm_120): the field's collapse past 2048 tokens."""
+    env = os.environ if env is None else env
+    if env.get(BF16_INDEX_K_ENV) == "1":
+        return 0
+    if env.get(TILELANG_INDEXER_ENV) == "0":
+        value = env.get(FP8_TORCH_HORIZON_ENV, "")
+        if value and not value.isdigit():
+            raise PdstackError(f"{FP8_TORCH_HORIZON_ENV}={value!r}: give a token count (0 = unlimited)")
+        return int(value) if value else FP8_COLLAPSE_HORIZON
+    return FP8_COLLAPSE_HORIZON
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -100,9 +116,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                      help="alias of --disaggregation-bootstrap-port")
     sim.add_argument("--recall-horizon", type=int, default=None,
                      help="tokens: a needle farther than this from the prompt's end is answered wrongly "
-                          "(the fp8 index-key collapse); 0 = unlimited (bf16 keys). Default: 0 when "
-                          f"{BF16_INDEX_K_ENV}=1 is in the environment (the switch of pdstack's SGLang patch "
-                          "series, which the planner sets for index_k_dtype: bf16), else 2048 (upstream fp8 keys)")
+                          "(the fp8 index-key collapse); 0 = unlimited (bf16 keys). Default: by the environment "
+                          f"the planner renders for index_k_dtype: 0 when {BF16_INDEX_K_ENV}=1 (bf16), "
+                          f"${FP8_TORCH_HORIZON_ENV} (default 2048) when {TILELANG_INDEXER_ENV}=0 (fp8-torch), "
+                          "else 2048 (fp8-tilelang, upstream's sm_120 default)")
     sim.add_argument("--prefill-tokens-per-s", type=float, default=8000.0, help="prefill speed (uncached tokens/s)")
     sim.add_argument("--decode-tokens-per-s", type=float, default=64.0,
                      help="decode speed of one request alone (tokens/s)")

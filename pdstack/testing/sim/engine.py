@@ -273,7 +273,8 @@ class Engine:
         """What the model emits for `kv_prompt` (the prompt the KV holds: the request's own, unless stale)."""
         ans = model.answer(kv_prompt, self.cfg.recall_horizon, malformed_tool_args=self.faults.malformed_tool_args,
                            leak_reasoning=self.faults.leak_reasoning, constraint=req.tool_constraint,
-                           garble_tool_arg=self.faults.garble_tool_arg)
+                           garble_tool_arg=self.faults.garble_tool_arg, confuse_keys=self.faults.confuse_keys,
+                           residue_fault=self.faults.residue_fault)
         return model.output_pieces(kv_prompt, ans, req.max_new_tokens, ignore_eos=req.ignore_eos)
 
     def _require_bootstrap(self, req: GenRequest) -> None:

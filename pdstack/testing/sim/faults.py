@@ -33,6 +33,12 @@ class Faults:
     # decode: the pages of a request aborted while its KV was on the way (client gone mid-prefill / mid-transfer)
     # are handed to the next request, and that request's late KV write lands on them: its answer changes
     stale_kv: bool = False
+    # recall: needles whose keys differ only in digits are confused (the nearest one before the question answers),
+    # like an indexer that loses the digits of look-alike keys; single needles still pass, multikey cases do not
+    confuse_keys: bool = False
+    # recall: a prompt whose token count is this residue mod 4 gets a wrong digit in its code (vLLM issue 55927's
+    # shape: a fault only one prompt length in four shows); None: off
+    residue_fault: int | None = None
     # write-only: true makes the process exit with `crash_exit_code` right after answering
     crash: bool = False
     crash_exit_code: int = 1
@@ -68,7 +74,7 @@ class Faults:
                 new[key] = default
                 continue
             if key in ("wedge_decode", "fail_transfer", "fail_bootstrap", "crash", "malformed_tool_args",
-                       "garble_tool_arg", "leak_reasoning", "stale_kv"):
+                       "garble_tool_arg", "leak_reasoning", "stale_kv", "confuse_keys"):
                 ok = isinstance(value, bool)
             elif key == "slow_prefill_s":
                 ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
@@ -76,6 +82,8 @@ class Faults:
                 ok = isinstance(value, int) and not isinstance(value, bool)
                 if ok and key in ("reject_status", "health_status"):
                     ok = 100 <= value <= 599
+                if ok and key == "residue_fault":
+                    ok = 0 <= value <= 3
             if not ok:
                 raise FaultError(f"bad value for {key}: {value!r}")
             new[key] = float(value) if key == "slow_prefill_s" else value

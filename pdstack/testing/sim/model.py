@@ -167,7 +167,8 @@ def wrong_code(key: str, code: str) -> str:
 
 
 def answer(prompt: str, recall_horizon: int, malformed_tool_args: bool = False, leak_reasoning: bool = False,
-           constraint: toolcalls.Constraint | None = None, garble_tool_arg: bool = False) -> Answer:
+           constraint: toolcalls.Constraint | None = None, garble_tool_arg: bool = False, confuse_keys: bool = False,
+           residue_fault: int | None = None) -> Answer:
     """The deterministic answer for a prompt. recall_horizon <= 0 means unlimited.
 
     Chat prompts (render_chat): with tools and a user turn last, DeepSeek-V4 tool calls as that turn asks
@@ -175,9 +176,18 @@ def answer(prompt: str, recall_horizon: int, malformed_tool_args: bool = False, 
     `constraint`) calls again as the last user turn asks. A user turn that asks to `call NAME` with no tools offered
     (tool_choice "none": SGLang leaves the tools out of the prompt) gets a plain sentence saying so.
     A prompt that ends in `<think>` gets reasoning first, closed by `</think>` (the leak_reasoning fault closes the
-    block before the reasoning instead, so a parser puts it in the content)."""
+    block before the reasoning instead, so a parser puts it in the content).
+    Recall faults: `confuse_keys` matches needle keys without their digits (the nearest look-alike answers);
+    `residue_fault` R gives a needle answer a wrong digit when the prompt's token count is R mod 4."""
     thinking = prompt.endswith("assistant:" + THINK_START)
-    ans = _answer(prompt, recall_horizon, malformed_tool_args, constraint, garble_tool_arg)
+    ans = _answer(prompt, recall_horizon, malformed_tool_args, constraint, garble_tool_arg, confuse_keys)
+    if residue_fault is not None and ans.kind == "needle_hit" and count_tokens(prompt) % 4 == residue_fault:
+        m = NEEDLE_RE.fullmatch(ans.text)
+        code = m.group("code") if m else ""
+        i = next((i for i, ch in enumerate(code) if ch.isdigit()), None)
+        if m and i is not None:  # one wrong digit, deterministically
+            bad = code[:i] + str((int(code[i]) + 1) % 10) + code[i + 1:]
+            ans = Answer(ans.text.replace(code, bad), "needle_miss", True, ans.needle_distance)
     if not thinking:
         return ans
     tools, role, content = _chat_turns(prompt)
@@ -188,7 +198,8 @@ def answer(prompt: str, recall_horizon: int, malformed_tool_args: bool = False, 
 
 
 def _answer(prompt: str, recall_horizon: int, malformed_tool_args: bool,
-            constraint: toolcalls.Constraint | None = None, garble_tool_arg: bool = False) -> Answer:
+            constraint: toolcalls.Constraint | None = None, garble_tool_arg: bool = False,
+            confuse_keys: bool = False) -> Answer:
     tools, turns = _turns(prompt)
     role, content = turns[-1] if turns else ("", "")
     fns = [t.get("function", t) for t in tools or [] if isinstance(t, dict)]
@@ -205,7 +216,9 @@ def _answer(prompt: str, recall_horizon: int, malformed_tool_args: bool,
     if questions:
         q = questions[-1]
         key = q.group("key").strip()
-        needles = [m for m in NEEDLE_RE.finditer(prompt, 0, q.start()) if m.group("key").strip() == key]
+        same = (lambda k: re.sub(r"\d", "", k).strip() == re.sub(r"\d", "", key).strip()) if confuse_keys \
+            else (lambda k: k == key)
+        needles = [m for m in NEEDLE_RE.finditer(prompt, 0, q.start()) if same(m.group("key").strip())]
         if not needles:
             return Answer(f"I do not know the secret code for {key}.", "no_needle", True)
         needle = needles[-1]
