@@ -159,7 +159,8 @@ def test_p2p_and_link_matrices_from_recorded_topo():
     links = facts.gpu_matrix((DATA / "nvidia-smi-topo-m-8gpu.txt").read_text())
     assert links["GPU0"]["GPU3"] == "NODE" and links["GPU0"]["GPU4"] == "SYS" and links["GPU7"]["GPU6"] == "NODE"
     assert set(links["GPU5"]) == {f"GPU{i}" for i in range(8)}  # CPU/NUMA affinity columns are not GPUs
-    assert facts.gpu_matrix("") == "unknown" and facts.gpu_matrix("\tGPU0\nGPU0\t X \t0-7\t0\n") == {"GPU0": {"GPU0": "X"}}
+    assert facts.gpu_matrix("") == "unknown"
+    assert facts.gpu_matrix("\tGPU0\nGPU0\t X \t0-7\t0\n") == {"GPU0": {"GPU0": "X"}}  # one GPU
 
 
 def test_host_settings_on_a_recorded_box(tmp_path, monkeypatch):
