@@ -176,6 +176,11 @@ def _grafana_failed(rep):
                                                              Result="exit-code")
 
 
+def _reboot_pending(rep):  # deployed with pdstack_host.reboot_policy warn before the host was rebooted
+    rep["plan"]["host_settings"] = {"reboot_policy": "warn", "pending_reboot": [
+        "kernel argument iommu=pt (not in /proc/cmdline: the GRUB drop-in takes effect at the next boot)"]}
+
+
 def _collector_failed(rep):
     rep.clear()
     rep["failed"] = "/usr/bin/python3: not found"
@@ -212,6 +217,8 @@ PROBLEMS = [  # (mutation, words the finding's line names, words its next comman
      "inventory/local --tags monitoring"),
     (_grafana_failed, "unit grafana-server.service failed/failed (result exit-code): the dashboards do not answer",
      "journalctl -u grafana-server"),
+    (_reboot_pending, "waits for a reboot (as of its last deploy) and serves without them (pdstack_host.reboot_policy"
+     " warn): kernel argument iommu=pt", "ssh 172.30.0.2 systemctl reboot), then invoke deploy -i inventory/local"),
     (_collector_failed, "the status collector failed: /usr/bin/python3: not found", "/usr/bin/python3 --version"),
 ]
 

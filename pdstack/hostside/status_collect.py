@@ -347,7 +347,8 @@ def collect(plan_path: str, *, prometheus_port: int, dcgm_port: int, images_path
         out["plan_error"] = (plan or {}).get("error") or f"{plan_path} does not exist (not deployed here)"
         plan = {}
     else:
-        out["plan"] = {"inventory": plan.get("inventory"), "engine": plan.get("engine"), "image": plan.get("image")}
+        out["plan"] = {"inventory": plan.get("inventory"), "engine": plan.get("engine"), "image": plan.get("image"),
+                       "host_settings": plan.get("host_settings")}
     servers = plan.get("servers") or []
     rt = plan.get("router") or None
     names = [s["unit"] for s in servers] + (["pdstack-router.service", "haproxy.service", "pdstack-watchdog.timer",

@@ -72,6 +72,7 @@ def judge(view: dict[str, Any], now: float | None = None) -> list[Finding]:
             out.append(Finding(ATTENTION, host, f"not deployed: {rep.get('plan_error') or 'no plan.json'}",
                                f"invoke deploy -i {inv}"))
             continue
+        out += _reboot(inv, host, rep, (view.get("reach") or {}).get(host) or host)
         out += _servers(inv, host, rep)
         if rep.get("router"):
             out += _router(inv, host, rep)
@@ -119,6 +120,17 @@ def _servers(inv: str, host: str, rep: dict[str, Any]) -> list[Finding]:
             out.append(Finding(NOTE, where, f"restarted {n}x in the last hour (systemd, the watchdog or a rollout)",
                                journal))
     return out
+
+
+def _reboot(inv: str, host: str, rep: dict[str, Any], addr: str) -> list[Finding]:
+    """The PCIe settings that waited for a reboot at the last deploy (the plan's host_settings on the host)."""
+    hs = (rep.get("plan") or {}).get("host_settings") or {}
+    if not hs.get("pending_reboot"):
+        return []
+    serving = " and serves without them (pdstack_host.reboot_policy warn)" if hs.get("reboot_policy") == "warn" else ""
+    return [Finding(ATTENTION, host, f"waits for a reboot (as of its last deploy){serving}: "
+                    + "; ".join(hs["pending_reboot"]),
+                    f"reboot it when its servers may stop (ssh {addr} systemctl reboot), then invoke deploy -i {inv}")]
 
 
 def _router(inv: str, host: str, rep: dict[str, Any]) -> list[Finding]:
