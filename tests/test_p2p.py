@@ -64,6 +64,7 @@ def _cuda_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(_cuda_gpus() < 1, reason="needs a CUDA GPU (this machine has none); run `python -m "
                     "pdstack.image.p2p --self-test --json` on a GPU host (docs/testing.md has the measured number)")
 def test_self_test_on_one_gpu_measures_its_copy_bandwidth(capsys):
@@ -72,6 +73,7 @@ def test_self_test_on_one_gpu_measures_its_copy_bandwidth(capsys):
     assert out["d2d_copy_gbs"] > 10
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(_cuda_gpus() < 8, reason="needs a GPU host with 8 GPUs (the reference plan's); multi-GPU "
                     "measurement waits for one")
 def test_the_gate_on_the_reference_plan():
