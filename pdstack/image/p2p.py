@@ -5,6 +5,10 @@ group, against floors from the recorded topology; a pair under its floor fails, 
     python3 -m pdstack.image.p2p --plan /etc/pdstack/plan.json [--json]     the gate (exit 0 pass, 1 fail, 2 misuse)
     python3 -m pdstack.image.p2p --self-test [--json]                      one GPU: its own device-to-device copy
 
+In the serving image it is /opt/pdstack/tools/pdstack/image/p2p.py (PYTHONPATH=/opt/pdstack/tools; the build
+context carries it, pdstack/controller/imagebuild/inputs.py PROD_TOOLS). No role runs it yet: the serving phase's
+call on GPU hosts waits for one to try it on.
+
 Floors (docs/facts.md#pcie-host-settings): on 8x RTX PRO 6000 Blackwell PCIe boxes others measured about 54-56 GB/s
 between GPUs of one NUMA node and 39-51 GB/s across nodes (local-inference-lab/rtx6kpro, hardware/pcie-bandwidth.md);
 a pair passes at `--margin` (0.8) of the low end: 43.2 GB/s within a node, 31.2 across. The all-reduce's bus
