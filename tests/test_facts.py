@@ -105,6 +105,8 @@ def make_pci_tree(root: Path, iommu_type: str = "identity") -> Path:
         (d / "iommu_group").symlink_to(group)
     (root / "module/pcie_aspm/parameters").mkdir(parents=True)
     (root / "module/pcie_aspm/parameters/policy").write_text((DATA / "aspm-policy-performance.txt").read_text())
+    (root / "module/nvidia_uvm/parameters").mkdir(parents=True)
+    (root / "module/nvidia_uvm/parameters/uvm_disable_hmm").write_text("Y\n")
     return root
 
 
@@ -173,6 +175,7 @@ def test_host_settings_on_a_recorded_box(tmp_path, monkeypatch):
     h = facts.host_settings(gpus, str(sysfs), str(tmp_path / "proc"))
     assert h["iommu"] == "passthrough" and h["aspm_policy"] == "performance" and h["driver_version"] == "580.95.05"
     assert h["kernel_args"]["pcie_port_pm"] == "off" and h["p2p"]["GPU1"]["GPU0"] == "OK"
+    assert h["uvm_disable_hmm"] == "Y"
     assert [(g["index"], g["bar1_mib"], g["persistence"]) for g in h["gpus"]] == [(0, 131072, "Enabled"),
                                                                                   (1, 256, "Disabled")]
     assert [(b["bdf"], b["acs"]) for b in h["gpus"][1]["bridges"]] == [
@@ -187,8 +190,8 @@ def test_a_cpu_host_without_the_tools_is_unknown_not_a_crash(tmp_path, monkeypat
     monkeypatch.setenv("PATH", "/nonexistent")
     f = facts.collect(str(sysfs), simulated=str(tmp_path / "none.json"), simulate_gpus=2, proc=str(tmp_path))
     h = f["host"]
-    assert (h["cmdline"], h["iommu"], h["aspm_policy"], h["driver_version"], h["p2p"], h["links"], h["gpus"]) == (
-        "unknown", "unknown", "unknown", "unknown", "unknown", "unknown", [])
+    assert (h["cmdline"], h["iommu"], h["aspm_policy"], h["uvm_disable_hmm"], h["driver_version"], h["p2p"],
+            h["links"], h["gpus"]) == ("unknown",) * 7 + ([],)
     # real GPUs but no lspci and an nvidia-smi that only lists them: ACS unknown, BAR1 None, nothing raised
     fake_nvidia_smi(tmp_path / "bin")
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))

@@ -65,6 +65,7 @@ def test_drop_ins_written_once_then_nothing_changes_and_the_reboot_is_reported(t
     # after the reboot (the facts show the arguments running): nothing waits, nothing fails
     tuned = copy.deepcopy(STOCK)
     tuned["host"]["kernel_args"].update({"pcie_aspm": "off", "pcie_port_pm": "off", "iommu": "pt"})
+    tuned["host"]["uvm_disable_hmm"] = "Y"
     after = host_settings.wanted({}, tuned) | {"acs_bridges": []}
     p, r = play(tmp_path, after)
     assert r["failed"] == 0 and r["changed"] == 0 and "waiting for a reboot: none" in p.stdout, p.stdout

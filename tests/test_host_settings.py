@@ -30,7 +30,7 @@ def tuned() -> dict:
     passthrough, ACS off at the root ports, persistence mode on."""
     f = copy.deepcopy(STOCK)
     cmd = (DATA / "proc-cmdline-tuned.txt").read_text().strip()
-    f["host"].update(cmdline=cmd, kernel_args=hostfacts.kernel_args(cmd), iommu="passthrough")
+    f["host"].update(cmdline=cmd, kernel_args=hostfacts.kernel_args(cmd), iommu="passthrough", uvm_disable_hmm="Y")
     for g in f["host"]["gpus"]:
         g["persistence"] = "Enabled"
         for b in g["bridges"]:
@@ -57,7 +57,8 @@ def test_a_stock_box_wants_the_models_defaults_and_waits_for_a_reboot(tmp_path):
     assert w["gpu_model"] == "RTX PRO 6000 Blackwell" and w["reboot_policy"] == "stop"
     assert w["kernel_args"] == ["pcie_aspm=off", "pcie_port_pm=off", "iommu=pt"] and w["driver_branch"] == 580
     assert w["acs_bridges"] == ROOT_PORTS and w["modprobe"] == ["options nvidia_uvm uvm_disable_hmm=1"]
-    assert [x.split(" (")[0] for x in w["pending_reboot"]] == [f"kernel argument {a}" for a in w["kernel_args"]]
+    assert [x.split(" (")[0] for x in w["pending_reboot"]] == [f"kernel argument {a}" for a in w["kernel_args"]] + [
+        "options nvidia_uvm uvm_disable_hmm=1"]
     assert any(x.startswith("ACS off on 0000:00:01.1") for x in w["applied_now"]) and "persistence mode on" in \
         w["applied_now"]
     assert not any("REBOOT NEEDED" in x for x in p.warnings)  # stop: the host role stops; no serving to warn about
@@ -72,6 +73,7 @@ def test_after_the_reboot_everything_is_in_force_and_the_rendered_state_is_the_s
     before, after = plan_of(dep, STOCK).host_settings["gpu01"], plan_of(dep, tuned()).host_settings["gpu01"]
     assert after["pending_reboot"] == [] and after["applied_now"] == []
     assert "kernel argument iommu=pt" in after["in_force"] and "persistence mode on" in after["in_force"]
+    assert "options nvidia_uvm uvm_disable_hmm=1" in after["in_force"] and after["unknown"] == []
     assert f"ACS off on {', '.join(ROOT_PORTS)}" in after["in_force"]
     # what the host role renders does not depend on whether ACS is on now: a second run changes nothing
     assert {k: before[k] for k in ("kernel_args", "acs_bridges", "modprobe")} == \

@@ -11,7 +11,8 @@ same JSON. `pdstack facts` runs it on the controller. Schema (version 1):
    "gpu_source": "nvidia-smi" | "simulated" | "none",
    "infiniband": [str],                       # /sys/class/infiniband (empty: no RDMA device or driver)
    "host": {"cmdline": str, "kernel_args": {name: value}, "iommu": "off" | "passthrough" | "translated" | "unknown",
-            "aspm_policy": str, "driver_version": str, "p2p": {"GPU0": {"GPU1": "OK"}} | "unknown",
+            "aspm_policy": str, "uvm_disable_hmm": "Y" | "N" | "unknown", "driver_version": str,
+            "p2p": {"GPU0": {"GPU1": "OK"}} | "unknown",
             "links": {"GPU0": {"GPU1": "NODE"}} | "unknown",
             "gpus": [{"index": 0, "bar1_mib": int | None, "persistence": "Enabled" | "Disabled" | "unknown",
                       "bridges": [{"bdf": str, "acs": "on" | "off" | "none" | "unknown", "acsctl": str}]}]},
@@ -338,6 +339,10 @@ def host_settings(gpus: list[dict], sysfs: str = "/sys", proc: str = "/proc") ->
         policy = aspm_policy(_read(f"{sysfs}/module/pcie_aspm/parameters/policy"))
     except OSError:
         policy = UNKNOWN
+    try:  # the loaded nvidia_uvm's parameter: Y or N (absent: the module is not loaded)
+        uvm = _read(f"{sysfs}/module/nvidia_uvm/parameters/uvm_disable_hmm").strip() or UNKNOWN
+    except OSError:
+        uvm = UNKNOWN
     real = [g for g in gpus if BDF.match(str(g.get("pci_bus_id")))]
     lspci = _tool(["lspci", "-D", "-vvv"]) if real else None
     acs = lspci_acs(lspci) if lspci is not None else None
@@ -351,7 +356,7 @@ def host_settings(gpus: list[dict], sysfs: str = "/sys", proc: str = "/proc") ->
                                      "acsctl": (acs or {}).get(b, "")} for b in bridges_above(g["pci_bus_id"], sysfs)]})
     return {"cmdline": cmdline, "kernel_args": args,
             "iommu": iommu_mode(args, types, None if groups is None else bool(groups)),
-            "aspm_policy": policy, "driver_version": q["driver_version"],
+            "aspm_policy": policy, "uvm_disable_hmm": uvm, "driver_version": q["driver_version"],
             "p2p": gpu_matrix(_tool(["nvidia-smi", "topo", "-p2p", "r"])) if real else UNKNOWN,
             "links": gpu_matrix(_tool(["nvidia-smi", "topo", "-m"])) if real else UNKNOWN, "gpus": per_gpu}
 

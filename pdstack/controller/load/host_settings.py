@@ -108,8 +108,15 @@ def wanted(settings: dict[str, Any], facts: dict) -> dict[str, Any]:
     if out["persistence_mode"] and pm:
         out["in_force" if all(x == "Enabled" for x in pm) else "applied_now"].append("persistence mode on")
     if out["modprobe"]:
-        out["unknown"].append("options nvidia_uvm uvm_disable_hmm=1 (read by nvidia_uvm when it loads: in force "
-                              "after the next reboot when the file was new)")
+        uvm = host.get("uvm_disable_hmm")  # the loaded module's parameter (facts: /sys/module/nvidia_uvm)
+        line = "options nvidia_uvm uvm_disable_hmm=1"
+        if uvm in ("Y", "1"):
+            out["in_force"].append(line)
+        elif uvm in ("N", "0"):
+            out["pending_reboot"].append(f"{line} (the loaded nvidia_uvm has uvm_disable_hmm=N: it reads the option "
+                                         "at its next load)")
+        else:
+            out["unknown"].append(f"{line} (nvidia_uvm not loaded, or not read: in force at its next load)")
     return out
 
 
