@@ -25,7 +25,8 @@ ALLOWED = {
                  "pdstack/hostside/restart_unit.py",
                  "pdstack/hostside/drain.py", "pdstack/hostside/status_collect.py", "pdstack/hostside/model_fetch.py",
                  "pdstack/hostside/model_store.py", "pdstack/hostside/model_source.py"},
-    "image": {"pdstack/__init__.py", "pdstack/errors.py", "pdstack/image/__init__.py", "pdstack/image/patches.py"},
+    "image": {"pdstack/__init__.py", "pdstack/errors.py", "pdstack/image/__init__.py", "pdstack/image/patches.py",
+              "pdstack/image/p2p.py"},
 }
 
 CHECK = r"""

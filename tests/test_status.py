@@ -24,10 +24,22 @@ HOST = "pdstack-local-1"
 INV = "inventory/local"
 
 
+def monitoring_units(name: str, prometheus: str = "") -> dict:
+    """The collector's monitoring_units from a recorded `systemctl show` (tests/status_data); `prometheus` given:
+    its unit's ActiveState/SubState set to that (e.g. "active/running")."""
+    units = {k: v for k, v in sc.parse_systemctl_show((DATA / f"systemctl-show-monitoring-{name}.txt").read_text())
+             .items() if v["LoadState"] == "loaded"}
+    if prometheus:
+        units["prometheus.service"].update(zip(("ActiveState", "SubState"), prometheus.split("/"), strict=True))
+    return units
+
+
 def healthy() -> dict:
-    """A deployed local host's report, recorded by status_collect.py (tests/status_data), with a fresh clock."""
+    """A deployed local host's report, recorded by status_collect.py (tests/status_data), with a fresh clock and
+    its monitoring units running (the recorded report predates monitoring_units)."""
     rep = json.loads((DATA / "healthy-local-host.json").read_text())
     rep["watchdog"]["state"]["last_run"] = time.time() - 10
+    rep["monitoring_units"] = monitoring_units("stopped", prometheus="active/running")
     return rep
 
 
@@ -38,7 +50,8 @@ def smoke_ok() -> dict:
 
 
 def view_of(rep: dict, smoke: dict | None = None, **hosts: dict) -> dict:
-    return {"inventory": INV, "time": time.time(), "hosts": {HOST: rep, **hosts},
+    return {"inventory": INV, "time": time.time(), "hosts": {HOST: rep, **hosts}, "monitoring_hosts": [HOST],
+            "reach": {HOST: "172.30.0.2", "gpu02": "10.0.0.12"}, "prometheus_port": 9090,
             "smoke": smoke_ok() if smoke is None else smoke}
 
 
@@ -154,6 +167,20 @@ def _not_deployed(rep):
     rep["plan"], rep["plan_error"] = None, "/etc/pdstack/plan.json does not exist (not deployed here)"
 
 
+def _prometheus_stopped(rep):  # `systemctl stop prometheus` on the monitoring host: nothing answers on 9090
+    rep["prometheus"], rep["monitoring_units"] = None, monitoring_units("stopped")
+
+
+def _grafana_failed(rep):
+    rep["monitoring_units"]["grafana-server.service"].update(ActiveState="failed", SubState="failed",
+                                                             Result="exit-code")
+
+
+def _reboot_pending(rep):  # deployed with pdstack_host.reboot_policy warn before the host was rebooted
+    rep["plan"]["host_settings"] = {"reboot_policy": "warn", "pending_reboot": [
+        "kernel argument iommu=pt (not in /proc/cmdline: the GRUB drop-in takes effect at the next boot)"]}
+
+
 def _collector_failed(rep):
     rep.clear()
     rep["failed"] = "/usr/bin/python3: not found"
@@ -185,6 +212,13 @@ PROBLEMS = [  # (mutation, words the finding's line names, words its next comman
     (_timer, "timer pdstack-watchdog.timer is inactive", "--tags watchdog_run"),
     (_alert, "firing since 2026-12-02T10:00:00Z: Decode decode-0 is wedged", "/alerts"),
     (_not_deployed, "not deployed: /etc/pdstack/plan.json does not exist", "invoke deploy -i inventory/local"),
+    (_prometheus_stopped, "does not answer on 127.0.0.1:9090 (unit prometheus.service inactive/dead (result "
+     "success)): no alert is evaluated", "journalctl -u prometheus -n 50 --no-pager'; then invoke deploy -i "
+     "inventory/local --tags monitoring"),
+    (_grafana_failed, "unit grafana-server.service failed/failed (result exit-code): the dashboards do not answer",
+     "journalctl -u grafana-server"),
+    (_reboot_pending, "waits for a reboot (as of its last deploy) and serves without them (pdstack_host.reboot_policy"
+     " warn): kernel argument iommu=pt", "ssh 172.30.0.2 systemctl reboot), then invoke deploy -i inventory/local"),
     (_collector_failed, "the status collector failed: /usr/bin/python3: not found", "/usr/bin/python3 --version"),
 ]
 
@@ -238,7 +272,44 @@ def test_an_unreachable_host_is_exit_3_even_with_attention_elsewhere():
     code, findings = judged(view_of(rep, **{"gpu02": {"unreachable": "Failed to connect to the host via ssh"}}))
     assert code == status_judge.EXIT_UNREACHABLE
     f = next(f for f in findings if f.level == status_judge.UNREACHABLE)
-    assert f.where == "gpu02" and "ssh" in f.what and f.next == "ansible gpu02 -i inventory/local -m ping"
+    assert f.where == "gpu02" and "ssh" in f.what and "monitoring host" not in f.what
+    # the next step is about reaching it (its address, ssh, Ansible's own view of the connection), not its Python
+    assert f.next.startswith("reach it first: ssh 10.0.0.12") and "ansible gpu02 -i inventory/local -m ping -vvv" \
+        in f.next and "python" not in f.next
+
+
+def test_a_stopped_prometheus_is_attention_only_on_a_monitoring_host_and_the_alerts_line_says_why():
+    rep = healthy()
+    _prometheus_stopped(rep)
+    view = view_of(rep)
+    code, findings = judged(view)
+    assert code == status_judge.EXIT_ATTENTION
+    assert [f.where for f in findings if f.level == status_judge.ATTENTION] == [f"prometheus on {HOST}"]
+    text = status_view.render({**view, "findings": [f.to_dict() for f in findings]})
+    assert f"ALERTS  no Prometheus answered: nothing evaluates the alerts ({HOST}: prometheus.service inactive/dead" \
+        in text and "all well" not in text
+    # a GPU host outside the monitoring group has no Prometheus by design: all well
+    assert judged({**view, "monitoring_hosts": ["gpu02"]}) == (0, [])
+    # an older collector's report (no monitoring_units): still attention, the unit's state unknown
+    rep.pop("monitoring_units")
+    assert any("its unit's state unknown" in f.what for f in judged(view_of(rep))[1])
+
+
+def test_an_unreachable_monitoring_host_says_nothing_evaluates_the_alerts():
+    code, findings = judged(view_of(healthy(), gpu02={"unreachable": "Connection timed out"})
+                            | {"monitoring_hosts": ["gpu02"]})
+    assert code == status_judge.EXIT_UNREACHABLE
+    assert any(f.where == "gpu02" and "a monitoring host: nothing evaluates the alerts" in f.what for f in findings)
+
+
+def test_the_collector_keeps_only_the_monitoring_units_installed(monkeypatch):
+    for name, want in (("stopped", {"prometheus.service": "inactive", "grafana-server.service": "active"}),
+                       ("gpu-host", {})):
+        text = (DATA / f"systemctl-show-monitoring-{name}.txt").read_text()
+        monkeypatch.setattr(sc, "_run", lambda argv, timeout=10.0, t=text: (0, t, ""))
+        assert {k: v["ActiveState"] for k, v in sc.monitoring_units().items()} == want
+    monkeypatch.setattr(sc, "_run", lambda argv, timeout=10.0: (1, "", "System has not been booted with systemd"))
+    assert "not been booted with systemd" in sc.monitoring_units()["error"]
 
 
 def test_the_watchdog_restarts_outside_the_hour_do_not_count():
@@ -354,8 +425,11 @@ def test_parse_ansible_maps_each_host_outcome():
         "ok": {"rc": 0, "stdout": json.dumps({"host": "ok", "plan": None})},
         "down": {"unreachable": True, "msg": "Failed to connect"},
         "bad": {"rc": 1, "failed": True, "stderr": "Traceback: boom"},
+        "hung": {"failed": True, "msg": "The script action failed to execute in the expected time frame (30) and was "
+                 "terminated"},
         "junk": {"rc": 0, "stdout": "not json"}}}]}]}
-    got = status.parse_ansible("warning line\n" + json.dumps(doc), ["ok", "down", "bad", "junk", "absent"])
+    got = status.parse_ansible("warning line\n" + json.dumps(doc), ["ok", "down", "bad", "hung", "junk", "absent"])
+    assert "expected time frame" in got["hung"]["unreachable"]  # the collector never ran: not its Python's fault
     assert got["ok"] == {"host": "ok", "plan": None}
     assert got["down"] == {"unreachable": "Failed to connect"}
     assert got["bad"] == {"failed": "Traceback: boom"}

@@ -10,11 +10,25 @@ same JSON. `pdstack facts` runs it on the controller. Schema (version 1):
    "gpus": [{"index": 0, "name": str, "pci_bus_id": str, "numa_node": 0, "memory_mb": int}],
    "gpu_source": "nvidia-smi" | "simulated" | "none",
    "infiniband": [str],                       # /sys/class/infiniband (empty: no RDMA device or driver)
+   "host": {"cmdline": str, "kernel_args": {name: value}, "iommu": "off" | "passthrough" | "translated" | "unknown",
+            "aspm_policy": str, "uvm_disable_hmm": "Y" | "N" | "unknown", "driver_version": str,
+            "p2p": {"GPU0": {"GPU1": "OK"}} | "unknown",
+            "links": {"GPU0": {"GPU1": "NODE"}} | "unknown",
+            "gpus": [{"index": 0, "bar1_mib": int | None, "persistence": "Enabled" | "Disabled" | "unknown",
+                      "bridges": [{"bdf": str, "acs": "on" | "off" | "none" | "unknown", "acsctl": str}]}]},
    "model": {"path": str, "context_length": int, "context_key": str, "num_attention_heads": int,
              "num_key_value_heads": int} | {"path": str, "error": str},   # with --model-path only
              # and, for the model phase's room check: "disk": {"path": nearest existing dir, "free_bytes": int},
              # "files": {relative path: size} (hidden entries skipped), "partial": {path: bytes in staging}
              }
+
+The host entry is the running state of the settings the host role wants (docs/facts.md#pcie-host-settings): the
+kernel command line (/proc/cmdline), the IOMMU mode (each GPU's /sys/bus/pci/devices/<bus>/iommu_group/type, else
+/sys/kernel/iommu_groups and the command line), the ASPM policy (/sys/module/pcie_aspm/parameters/policy), ACS on
+every PCI bridge above each GPU (its sysfs path, `lspci -D -vvv`'s ACSCtl line), BAR1 size, persistence mode and
+the driver version (`nvidia-smi -q`), the P2P matrix (`nvidia-smi topo -p2p r`) and the link matrix (`topo -m`).
+Whatever a tool or file does not tell (no nvidia-smi, no lspci, not root, a CPU test host) is "unknown", never a
+crash.
 
 The model entry reads <path>/config.json the way SGLang 0.5.23 derives a context length (the first of its
 CONTEXT_LENGTH_KEYS, times the rope scaling factor; text_config for multimodal configs), so preflight can check
@@ -203,8 +217,153 @@ def model_facts(path: str) -> dict:
     return out
 
 
+# ---------------------------------------------------------------- PCIe host settings (the host role's wanted state)
+
+BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+UNKNOWN = "unknown"
+
+
+def _tool(argv: list[str]) -> str | None:
+    """A tool's stdout, or None when it is missing, fails or hangs (CPU test hosts have no nvidia-smi)."""
+    if not shutil.which(argv[0]):
+        return None
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout if p.returncode == 0 else None
+
+
+def kernel_args(cmdline: str) -> dict[str, str]:
+    """/proc/cmdline -> {name: value} ("" for a bare flag; the last one wins, as the kernel reads them)."""
+    out: dict[str, str] = {}
+    for tok in cmdline.split():
+        name, _, value = tok.partition("=")
+        out[name] = value
+    return out
+
+
+def iommu_mode(args: dict[str, str], group_types: list[str], groups_present: bool | None) -> str:
+    """"passthrough" (identity domains: DMA untranslated, P2P goes direct), "translated" (DMA/DMA-FQ domains),
+    "off" (no IOMMU groups, or switched off on the command line), else "unknown"."""
+    if group_types:
+        return "passthrough" if all(t == "identity" for t in group_types) else "translated"
+    if any(args.get(k) == "off" for k in ("iommu", "intel_iommu", "amd_iommu")) or groups_present is False:
+        return "off"
+    if args.get("iommu") == "pt" or "pt" in args.get("intel_iommu", "").split(","):
+        return "passthrough"
+    return UNKNOWN
+
+
+def aspm_policy(text: str | None) -> str:
+    """/sys/module/pcie_aspm/parameters/policy ("default [performance] powersave ...") -> the bracketed one."""
+    m = re.search(r"\[(\w+)\]", text or "")
+    return m.group(1) if m else UNKNOWN
+
+
+def lspci_acs(text: str) -> dict[str, str]:
+    """`lspci -D -vvv` -> {bdf: its ACSCtl line's flags} for the devices with an ACS capability."""
+    out, bdf = {}, ""
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            bdf = line.split(" ", 1)[0].lower()
+        elif "ACSCtl:" in line and bdf:
+            out[bdf] = line.split("ACSCtl:", 1)[1].strip()
+        elif "<access denied>" in line and bdf:  # lspci not run as root: no capability is shown
+            out.setdefault(bdf, "<access denied>")
+    return out
+
+
+def acs_state(acsctl: str | None) -> str:
+    """ACS redirects peer traffic to the root complex when request or completion redirect is on: "on"."""
+    if acsctl is None:
+        return "none"
+    if acsctl == "<access denied>":
+        return UNKNOWN
+    flags = dict((f[:-1], f[-1]) for f in acsctl.split() if f[-1:] in "+-")
+    return "on" if flags.get("ReqRedir") == "+" or flags.get("CmpltRedir") == "+" else "off"
+
+
+def bridges_above(bus: str, sysfs: str) -> list[str]:
+    """The PCI functions above a device, root port first, from its resolved sysfs path."""
+    path = os.path.realpath(f"{sysfs}/bus/pci/devices/{bus}")
+    parts = [p for p in path.split(os.sep) if BDF.match(p)]
+    return parts[:-1] if parts and parts[-1] == bus else []
+
+
+def smi_q(text: str) -> dict:
+    """`nvidia-smi -q` -> {"driver_version": str, "gpus": {bus: {"bar1_mib": int, "persistence": str}}}."""
+    out: dict = {"driver_version": UNKNOWN, "gpus": {}}
+    gpu, section = None, ""
+    for line in text.splitlines():
+        key, _, value = (x.strip() for x in line.partition(":"))
+        if line.startswith("Driver Version"):
+            out["driver_version"] = value
+        elif line.startswith("GPU ") and BDF.match(line[4:].strip().lower()[-12:]):
+            gpu = out["gpus"].setdefault(line[4:].strip().lower()[-12:], {"bar1_mib": None, "persistence": UNKNOWN})
+        elif gpu is None:
+            continue
+        elif key == "Persistence Mode":
+            gpu["persistence"] = value
+        elif line.startswith("    ") and not line.startswith("        "):
+            section = key
+        elif section == "BAR1 Memory Usage" and key == "Total" and value.split(" ")[0].isdigit():
+            gpu["bar1_mib"] = int(value.split(" ")[0])
+    return out
+
+
+def gpu_matrix(text: str | None) -> dict | str:
+    """`nvidia-smi topo -p2p r` or `topo -m` -> {row GPU: {column GPU: cell}}; "unknown" without a table."""
+    rows = [line.split() for line in (text or "").splitlines()]
+    gpu_rows = [r for r in rows if r and re.fullmatch(r"GPU\d+", r[0])]
+    head = gpu_rows[0] if gpu_rows and (len(gpu_rows[0]) < 2 or gpu_rows[0][1] != "X") else None
+    if head is None:
+        return UNKNOWN
+    cols = [c for c in head if re.fullmatch(r"GPU\d+", c)]
+    return {r[0]: dict(zip(cols, r[1:1 + len(cols)], strict=True)) for r in gpu_rows[1:] if len(r) > len(cols)}
+
+
+def host_settings(gpus: list[dict], sysfs: str = "/sys", proc: str = "/proc") -> dict:
+    try:
+        cmdline = _read(f"{proc}/cmdline").strip()
+    except OSError:
+        cmdline = UNKNOWN
+    args = kernel_args(cmdline) if cmdline != UNKNOWN else {}
+    types = []
+    for g in gpus:
+        try:
+            types.append(_read(f"{sysfs}/bus/pci/devices/{g['pci_bus_id']}/iommu_group/type").strip())
+        except OSError:
+            pass
+    groups = os.listdir(f"{sysfs}/kernel/iommu_groups") if os.path.isdir(f"{sysfs}/kernel/iommu_groups") else None
+    try:
+        policy = aspm_policy(_read(f"{sysfs}/module/pcie_aspm/parameters/policy"))
+    except OSError:
+        policy = UNKNOWN
+    try:  # the loaded nvidia_uvm's parameter: Y or N (absent: the module is not loaded)
+        uvm = _read(f"{sysfs}/module/nvidia_uvm/parameters/uvm_disable_hmm").strip() or UNKNOWN
+    except OSError:
+        uvm = UNKNOWN
+    real = [g for g in gpus if BDF.match(str(g.get("pci_bus_id")))]
+    lspci = _tool(["lspci", "-D", "-vvv"]) if real else None
+    acs = lspci_acs(lspci) if lspci is not None else None
+    q = smi_q(_tool(["nvidia-smi", "-q"]) or "") if real else {"driver_version": UNKNOWN, "gpus": {}}
+    per_gpu = []
+    for g in real:
+        gq = q["gpus"].get(g["pci_bus_id"]) or {}
+        per_gpu.append({"index": g["index"], "bar1_mib": gq.get("bar1_mib"),
+                        "persistence": gq.get("persistence", UNKNOWN),
+                        "bridges": [{"bdf": b, "acs": UNKNOWN if acs is None else acs_state(acs.get(b)),
+                                     "acsctl": (acs or {}).get(b, "")} for b in bridges_above(g["pci_bus_id"], sysfs)]})
+    return {"cmdline": cmdline, "kernel_args": args,
+            "iommu": iommu_mode(args, types, None if groups is None else bool(groups)),
+            "aspm_policy": policy, "uvm_disable_hmm": uvm, "driver_version": q["driver_version"],
+            "p2p": gpu_matrix(_tool(["nvidia-smi", "topo", "-p2p", "r"])) if real else UNKNOWN,
+            "links": gpu_matrix(_tool(["nvidia-smi", "topo", "-m"])) if real else UNKNOWN, "gpus": per_gpu}
+
+
 def collect(sysfs: str = "/sys", simulated: str = SIMULATED_GPUS, simulate_gpus: int = 0,
-            model_path: str | None = None) -> dict:
+            model_path: str | None = None, proc: str = "/proc") -> dict:
     """The facts. `simulate_gpus` (or the file `simulated`) adds that many simulated GPUs on NUMA node 0 when the
     host has no NVIDIA GPU: only for the sim test engine on CPU test hosts."""
     nodes = numa_nodes(sysfs)
@@ -221,7 +380,8 @@ def collect(sysfs: str = "/sys", simulated: str = SIMULATED_GPUS, simulate_gpus:
                 for i in range(int(spec["count"]))]
         source = "simulated"
     facts = {"schema": SCHEMA, "hostname": socket.gethostname(), "mem_total_mb": sum(n["mem_total_mb"] for n in nodes),
-             "numa_nodes": nodes, "gpus": gpus, "gpu_source": source, "infiniband": infiniband_devices(sysfs)}
+             "numa_nodes": nodes, "gpus": gpus, "gpu_source": source, "infiniband": infiniband_devices(sysfs),
+             "host": host_settings(gpus, sysfs, proc)}
     if model_path:
         facts["model"] = model_facts(model_path)
     return facts

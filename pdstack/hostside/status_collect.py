@@ -10,7 +10,9 @@ is this host's part of the plan, /etc/pdstack/plan.json (roles/facts writes it),
 - on the router host: the router unit, its /workers and circuit breakers (its Prometheus port), the front door
   (HAProxy's runtime API: `show stat`, the maintenance switch), the watchdog's config, state file and timer;
 - where Prometheus listens on 127.0.0.1 (a monitoring host): its firing alerts and the front door's refusals of the
-  last 5 minutes by reason; where dcgm-exporter listens (GPU hosts): GPU memory and utilisation.
+  last 5 minutes by reason; on every host the monitoring units' states (prometheus, grafana-server: only those
+  installed), so a monitoring host whose Prometheus does not answer says why; where dcgm-exporter listens (GPU
+  hosts): GPU memory and utilisation.
 A part that cannot be read is recorded under its own `error`, never a traceback: the controller judges it.
 """
 
@@ -38,6 +40,7 @@ WATCHDOG_CONFIG = "/etc/pdstack/watchdog.json"
 UNIT_PROPS = ("Id", "LoadState", "ActiveState", "SubState", "Result", "NRestarts", "ActiveEnterTimestamp",
               "ExecMainStatus", "UnitFileState", "LastTriggerUSec")
 STARTED = "39f53479d3a045ac8e11786248231fbf"  # systemd's catalog: "Unit ... has finished starting up"
+MONITORING_UNITS = ("prometheus.service", "grafana-server.service")
 HOUR_S = 3600.0
 TIMEOUT_S = 3.0
 
@@ -212,6 +215,15 @@ def units(names: list[str]) -> dict[str, Any]:
     return parsed
 
 
+def monitoring_units() -> dict[str, Any]:
+    """The monitoring units installed here (LoadState loaded), by name; {} where none is, {"error": ...} without
+    systemd."""
+    got = units(list(MONITORING_UNITS))
+    if "error" in got:
+        return got
+    return {k: v for k, v in got.items() if v.get("LoadState") == "loaded"}
+
+
 def journal_restarts(names: list[str], now: float) -> dict[str, int] | dict[str, str]:
     rc, out, err = _run(["journalctl", "--no-pager", "-q", "-o", "json", "--output-fields=UNIT",
                          "_PID=1", f"MESSAGE_ID={STARTED}", *[f"UNIT={n}" for n in names]])
@@ -337,7 +349,8 @@ def collect(plan_path: str, *, prometheus_port: int, dcgm_port: int, images_path
     else:
         model = plan.get("model") or {}
         out["plan"] = {"inventory": plan.get("inventory"), "engine": plan.get("engine"), "image": plan.get("image"),
-                       "index_keys": model.get("index_k_dtype"), "index_reader": model.get("index_reader")}
+                       "index_keys": model.get("index_k_dtype"), "index_reader": model.get("index_reader"),
+                       "host_settings": plan.get("host_settings")}
     servers = plan.get("servers") or []
     rt = plan.get("router") or None
     names = [s["unit"] for s in servers] + (["pdstack-router.service", "haproxy.service", "pdstack-watchdog.timer",
@@ -354,6 +367,7 @@ def collect(plan_path: str, *, prometheus_port: int, dcgm_port: int, images_path
             "router": pool.submit(router, rt) if rt else None,
             "frontdoor": pool.submit(frontdoor, rt.get("frontdoor") or {}) if rt else None,
             "prometheus": pool.submit(prometheus, prometheus_port),
+            "monitoring_units": pool.submit(monitoring_units),
             "dcgm": pool.submit(dcgm, dcgm_port) if plan.get("engine") == "sglang" else None,
         }
         got = {k: (v.result() if hasattr(v, "result") else v) for k, v in jobs.items() if k != "health"}
@@ -369,6 +383,8 @@ def collect(plan_path: str, *, prometheus_port: int, dcgm_port: int, images_path
                               for role in ("prefill", "decode") for w in (rt or {}).get(role) or []]
     out["frontdoor"] = got["frontdoor"]
     out["prometheus"] = got["prometheus"]
+    out["prometheus_port"] = prometheus_port
+    out["monitoring_units"] = got["monitoring_units"]
     out["dcgm"] = got["dcgm"]
     out["images"] = read_json(images_path)
     if rt:

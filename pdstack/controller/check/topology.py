@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from pdstack.controller.check import budgets
+from pdstack.controller.check.host_pcie import pcie_problems
 from pdstack.controller.check.tables import GPU_ARCHS, _where
 from pdstack.controller.load.inventory import Deployment
 
@@ -84,6 +85,7 @@ def topology_problems(dep: Deployment, facts: dict[str, dict]) -> list[str]:
             _ib_problems(h.name, where, s, f, p)
         _model_problems(dep, h, f, p)
         _gpu_arch_problems(dep, h, f, p)
+        pcie_problems(dep, h.name, f, p)
         # Host memory budgets per NUMA node (membind caps each server's host memory to its node). A server whose
         # GPUs straddle nodes without an override has no node yet (refused above): it is left out, so the budget
         # message does not blame a node it was never going to use.

@@ -26,16 +26,18 @@ ROOT = Path(__file__).resolve().parents[3]
 COLLECTOR = ROOT / "pdstack" / "hostside" / "status_collect.py"
 
 
-def check_inventory(source: str) -> list[str]:
-    """The inventory read strictly (the files preflight reads first) and its hosts: InventoryError (exit 2) on a bad
-    one, before any host is contacted."""
+def check_inventory(source: str) -> tuple[list[str], list[str], dict[str, dict[str, Any]]]:
+    """The inventory read strictly (the files preflight reads first): its hosts, its monitoring group and each
+    host's address (ansible_host, for an unreachable host's next step). InventoryError
+    (exit 2) on a bad one, before any host is contacted."""
     if not Path(source).is_dir():
         raise InventoryError([f"-i {source}: not an inventory directory (expected hosts.yml with group_vars/ and "
                               "host_vars/, e.g. inventory/production)"])
-    hostvars, _groups, _ = inventory.load_located(source)
+    hostvars, groups, _ = inventory.load_located(source)
     if not hostvars:
         raise InventoryError([f"inventory {source}: no hosts; list the GPU host(s) in hosts.yml"])
-    return sorted(hostvars)
+    reach = {h: str(hv.get("ansible_host") or h) for h, hv in hostvars.items()}
+    return sorted(hostvars), sorted(h for h in groups.get("monitoring") or [] if h in hostvars), reach
 
 
 def ports(source: str) -> tuple[int, int]:
@@ -81,6 +83,8 @@ def parse_ansible(stdout: str, hosts: list[str]) -> dict[str, dict[str, Any]]:
             out[host] = {"unreachable": "ansible returned no result for it"}
         elif r.get("unreachable"):
             out[host] = {"unreachable": (r.get("msg") or "unreachable").strip()[:300]}
+        elif r.get("failed") and "rc" not in r:  # the collector never ran: the connection failed or hung
+            out[host] = {"unreachable": (r.get("msg") or "no result").strip()[:300]}
         elif r.get("failed") or r.get("rc"):
             out[host] = {"failed": (r.get("stderr") or r.get("msg") or f"rc {r.get('rc')}").strip()[-300:]}
         else:
@@ -128,9 +132,10 @@ def smoke_result(source: str, root: Path = ROOT / "build" / "smoke", now: float 
 def snapshot(source: str, collect=None, smoke=None) -> dict[str, Any]:
     """One look: every host's report, the smoke result, the findings and the exit code."""
     t0 = time.monotonic()
-    hosts = check_inventory(source)
+    hosts, monitoring, reach = check_inventory(source)
     reports = (collect or collect_hosts)(source, hosts)
     view: dict[str, Any] = {"inventory": source, "time": time.time(), "hosts": reports,
+                            "monitoring_hosts": monitoring, "reach": reach, "prometheus_port": ports(source)[0],
                             "smoke": (smoke or smoke_result)(source)}
     findings = status_judge.judge(view)
     view["findings"] = [f.to_dict() for f in findings]

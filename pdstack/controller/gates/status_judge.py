@@ -51,20 +51,28 @@ def judge(view: dict[str, Any], now: float | None = None) -> list[Finding]:
     now = time.time() if now is None else now
     inv = view.get("inventory", "INVENTORY")
     out: list[Finding] = []
+    monitoring = set(view.get("monitoring_hosts") or [])
     for host, rep in sorted((view.get("hosts") or {}).items()):
         if rep.get("unreachable"):
-            out.append(Finding(UNREACHABLE, host, f"cannot be reached: {rep['unreachable']}",
-                               f"ansible {host} -i {inv} -m ping"))
+            addr = (view.get("reach") or {}).get(host) or host
+            what = " (a monitoring host: nothing evaluates the alerts)" if host in monitoring else ""
+            out.append(Finding(UNREACHABLE, host, f"cannot be reached{what}: {rep['unreachable']}",
+                               f"reach it first: ssh {addr} (is it up, is sshd listening, is the key right?); "
+                               f"ansible {host} -i {inv} -m ping -vvv shows the connection Ansible makes and its "
+                               "error"))
             continue
         if rep.get("failed"):
             out.append(Finding(ATTENTION, host, f"the status collector failed: {rep['failed']}",
                                on_host(inv, host, "/usr/bin/python3 --version; ls -l /etc/pdstack") + " (it runs "
                                "pdstack/hostside/status_collect.py with the host's /usr/bin/python3)"))
             continue
+        if host in monitoring:
+            out += _monitoring(inv, host, rep, view.get("prometheus_port"))
         if not rep.get("plan"):
             out.append(Finding(ATTENTION, host, f"not deployed: {rep.get('plan_error') or 'no plan.json'}",
                                f"invoke deploy -i {inv}"))
             continue
+        out += _reboot(inv, host, rep, (view.get("reach") or {}).get(host) or host)
         out += _servers(inv, host, rep)
         if rep.get("router"):
             out += _router(inv, host, rep)
@@ -73,7 +81,7 @@ def judge(view: dict[str, Any], now: float | None = None) -> list[Finding]:
         if rep.get("router"):
             out += _watchdog(inv, host, rep, now)
         if rep.get("prometheus"):
-            out += _alerts(host, rep["prometheus"])
+            out += _alerts(inv, host, rep["prometheus"])
     out += _smoke(inv, view.get("smoke"), now)
     return out
 
@@ -112,6 +120,17 @@ def _servers(inv: str, host: str, rep: dict[str, Any]) -> list[Finding]:
             out.append(Finding(NOTE, where, f"restarted {n}x in the last hour (systemd, the watchdog or a rollout)",
                                journal))
     return out
+
+
+def _reboot(inv: str, host: str, rep: dict[str, Any], addr: str) -> list[Finding]:
+    """The PCIe settings that waited for a reboot at the last deploy (the plan's host_settings on the host)."""
+    hs = (rep.get("plan") or {}).get("host_settings") or {}
+    if not hs.get("pending_reboot"):
+        return []
+    serving = " and serves without them (pdstack_host.reboot_policy warn)" if hs.get("reboot_policy") == "warn" else ""
+    return [Finding(ATTENTION, host, f"waits for a reboot (as of its last deploy){serving}: "
+                    + "; ".join(hs["pending_reboot"]),
+                    f"reboot it when its servers may stop (ssh {addr} systemctl reboot), then invoke deploy -i {inv}")]
 
 
 def _router(inv: str, host: str, rep: dict[str, Any]) -> list[Finding]:
@@ -221,9 +240,38 @@ def _watchdog(inv: str, host: str, rep: dict[str, Any], now: float) -> list[Find
     return out
 
 
-def _alerts(host: str, prom: dict[str, Any]) -> list[Finding]:
+def unit_state(unit: dict[str, Any] | None) -> str:
+    if not unit:
+        return "not installed"
+    return f"{unit.get('ActiveState', '?')}/{unit.get('SubState', '?')} (result {unit.get('Result', '?')})"
+
+
+def _monitoring(inv: str, host: str, rep: dict[str, Any], port: int | None) -> list[Finding]:
+    """A host of the monitoring group: its Prometheus must answer (else no alert is evaluated, by anyone) and its
+    Grafana unit must run. The unit states come from the collector (absent from an older collector's report)."""
+    units, out = rep.get("monitoring_units"), []
+    known = isinstance(units, dict) and "error" not in units  # read by this collector: {} means none installed
+    units = units if known else {}
+    redeploy = f"invoke deploy -i {inv} --tags monitoring (starts them as planned)"
+    if rep.get("prometheus") is None:
+        where = f"127.0.0.1:{port or rep.get('prometheus_port') or '?'}"
+        state = f"unit prometheus.service {unit_state(units.get('prometheus.service'))}" if known else \
+            "its unit's state unknown"
+        out.append(Finding(ATTENTION, f"prometheus on {host}", f"does not answer on {where} ({state}): no alert is "
+                           "evaluated and the front door's refusals are not counted",
+                           on_host(inv, host, "journalctl -u prometheus -n 50 --no-pager") + f"; then {redeploy}"))
+    grafana = units.get("grafana-server.service")
+    if known and (grafana or {}).get("ActiveState") != "active":
+        out.append(Finding(ATTENTION, f"grafana on {host}", f"unit grafana-server.service {unit_state(grafana)}: "
+                           "the dashboards do not answer",
+                           on_host(inv, host, "journalctl -u grafana-server -n 50 --no-pager") + f"; then {redeploy}"))
+    return out
+
+
+def _alerts(inv: str, host: str, prom: dict[str, Any]) -> list[Finding]:
     if prom.get("error"):
-        return [Finding(ATTENTION, f"prometheus on {host}", prom["error"], "journalctl -u prometheus -n 50")]
+        return [Finding(ATTENTION, f"prometheus on {host}", prom["error"],
+                        on_host(inv, host, "journalctl -u prometheus -n 50 --no-pager"))]
     out = []
     for a in prom.get("alerts") or []:
         level = ATTENTION if a.get("state") == "firing" else NOTE

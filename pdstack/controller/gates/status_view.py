@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pdstack.controller.gates.status_judge import ATTENTION, NOTE, UNREACHABLE, ago, refusals
+from pdstack.controller.gates.status_judge import ATTENTION, NOTE, UNREACHABLE, ago, refusals, unit_state
 
 COLORS = {"red": "31", "yellow": "33", "green": "32", "bold": "1", "dim": "2"}
 
@@ -122,7 +122,11 @@ def smoke(s: dict[str, Any] | None) -> list[str]:
 def alerts(view: dict[str, Any]) -> list[str]:
     proms = [(h, r["prometheus"]) for h, r in sorted(view["hosts"].items()) if r.get("prometheus")]
     if not proms:
-        return ["ALERTS  no Prometheus answered (no monitoring host reached)"]
+        mons = view.get("monitoring_hosts") or []
+        why = ", ".join(f"{h}: " + ("unreachable" if (view["hosts"].get(h) or {}).get("unreachable") else
+                                   "prometheus.service " + unit_state(((view["hosts"].get(h) or {}).get(
+                                       "monitoring_units") or {}).get("prometheus.service"))) for h in mons)
+        return [f"ALERTS  no Prometheus answered: nothing evaluates the alerts ({why or 'no monitoring host'})"]
     firing = [a for _, p in proms for a in p.get("alerts") or [] if a.get("state") == "firing"]
     return [f"ALERTS  {len(firing)} firing" + (": " + ", ".join(sorted({a['name'] for a in firing})) if firing else "")
             + f"  (Prometheus on {', '.join(h for h, _ in proms)})"]

@@ -22,7 +22,8 @@ from pdstack.controller.imagebuild.common import (
 from pdstack.controller.imagebuild.pins import default_series_dir, router_version, sglang_version
 
 # pdstack as the prod image runs it (pdstack/image/__init__.py says why): the package root, errors, image/.
-PROD_TOOLS = ("pdstack/__init__.py", "pdstack/errors.py", "pdstack/image/__init__.py", "pdstack/image/patches.py")
+PROD_TOOLS = ("pdstack/__init__.py", "pdstack/errors.py", "pdstack/image/__init__.py", "pdstack/image/patches.py",
+              "pdstack/image/p2p.py")  # the P2P gate: PYTHONPATH=/opt/pdstack/tools python3 -m pdstack.image.p2p
 # pdstack as the sim image runs it: `pdstack sim` (cli.py dispatches; it imports only the chosen subcommand).
 SIM_SOURCES = (
     "pyproject.toml",

@@ -8,6 +8,7 @@ Variables (see inventory/production for a commented example; docs/inventory.md):
                                                         by digest), engine (sglang, or the sim test engine)
   group_vars/all/router.yml      pdstack_router         router policy, admission control, retries, health checks
   group_vars/all/rollout.yml     pdstack_rollout        rolling restarts: drain and probe bounds
+  group_vars/all/host.yml        pdstack_host           PCIe host settings and the reboot policy
   host_vars/<host>/servers.yml   pdstack_servers        the prefill/decode servers of that host
   host_vars/<host>/*.yml         pdstack_address        address other hosts reach this one at (default: ansible_host)
 
@@ -61,6 +62,7 @@ class Deployment:
     warnings: list[str] = field(default_factory=list)
     smoke: dict[str, Any] = field(default_factory=dict)
     rollout: dict[str, Any] = field(default_factory=dict)
+    host_settings: dict[str, Any] = field(default_factory=dict)  # pdstack_host (load/host_settings.py)
     locations: dict[str, str] = field(default_factory=dict)  # variable path -> "file:line" (see located())
     # pdstack_model.source.lock as read (modellock.py), with its `file` and `digest`; None without a source
     model_lock: dict[str, Any] | None = None
@@ -275,6 +277,7 @@ def _build(hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]], so
         monitoring_hosts=monitoring,
         smoke=top["pdstack_smoke"],
         rollout=top["pdstack_rollout"],
+        host_settings=top["pdstack_host"],
         locations=locations,
         warnings=[f"tuning candidate {(top['pdstack_tune'] or {}).get('name') or '(unnamed)'} applied "
                   "(pdstack_tune): this plan is the inventory's with its overlay, not the inventory's own"]

@@ -7,6 +7,7 @@ import difflib
 from typing import Any
 
 from pdstack.controller.load import rules
+from pdstack.controller.load.host_settings import HOST_SETTINGS
 from pdstack.controller.load.schema import Field, Schema, as_number
 from pdstack.controller.load.smoke_schema import SMOKE, SMOKE_AGENT, SMOKE_BENCH, SMOKE_GRID  # noqa: F401
 from pdstack.controller.load.tune_overlay import TUNE
@@ -397,6 +398,7 @@ TOP_LEVEL = {
     "pdstack_smoke": Field((dict,), "the smoke checks after a deploy", default=dict, schema=SMOKE),
     "pdstack_rollout": Field((dict,), "rolling restarts of the servers: drain and probe bounds", default=dict,
                              schema=ROLLOUT),
+    "pdstack_host": Field((dict,), "PCIe host settings and the reboot policy", default=dict, schema=HOST_SETTINGS),
     "pdstack_tune": Field((dict,), "a tuning candidate's overlay of server settings (`invoke tune` passes it as an "
                           "extra var; never set it in an inventory)", default=None, schema=TUNE),
     "pdstack_model_verify": Field((str,), "the model phase's check of the files in place: quick (sizes and mtimes "

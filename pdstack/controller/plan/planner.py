@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from pdstack.controller.check import preflight
-from pdstack.controller.load import flags, inventory, recall_grid, rules, variables
+from pdstack.controller.load import flags, host_settings, inventory, recall_grid, rules, variables
 from pdstack.controller.load.inventory import Deployment
 from pdstack.controller.plan import model as model_plan
 from pdstack.errors import InventoryError
@@ -128,6 +128,8 @@ class Plan:
     rollout: dict[str, Any] = field(default_factory=dict)
     # the smoke phase's recall grid, default and --full, with its estimated time on the real host (load/recall_grid)
     recall: dict[str, Any] | None = None
+    # per host: the PCIe settings wanted, and which are in force or wait for a reboot (load/host_settings.py)
+    host_settings: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -429,12 +431,14 @@ def build_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fa
                         frontdoor=frontdoor_plan(dep),
                         stop_timeout_secs=dep.router["shutdown_grace_period_secs"] + 10)
     img = resolve_image(dep.image, dep.warnings, require=require_image)
+    pcie = {h: host_settings.wanted(dep.host_settings, facts.get(h) or {}) for h in sorted(dep.hosts)}
     return Plan(inventory=dep.source, environment=dep.environment, engine=dep.image["engine"], image=img.ref,
                 image_id=img.image_id, image_tarball=img.tarball, image_pull=img.pull, image_labels=img.labels,
                 model={**dep.model, "index_reader": index_reader(dep.model["index_k_dtype"]), "lock": dep.model_lock,
                        "fetch": model_plan.fetch_plan(dep),
                        "needs": model_plan.host_needs(dep, facts)}, servers=servers, router=router,
-                monitoring_hosts=dep.monitoring_hosts, warnings=dep.warnings,
+                monitoring_hosts=dep.monitoring_hosts, warnings=dep.warnings + host_settings.reboot_warnings(pcie),
+                host_settings=pcie,
                 monitoring={"hosts": list(dep.monitoring_hosts),
                             "grafana": {"datasource_uid": DATASOURCE_UID, "folder": FOLDER},
                             **exporter_ports(dep)},

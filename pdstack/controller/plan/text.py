@@ -59,6 +59,16 @@ def render_text(plan: Plan) -> str:
             f"{plan.rollout['probe_timeout_secs']} s", ""]
     if plan.recall:
         out += recall_text(plan.recall) + [""]
+    for h, w in sorted(plan.host_settings.items()):
+        if w["gpu_model"] == "none":
+            out.append(f"host {h}: PCIe settings: none (no NVIDIA GPU)")
+            continue
+        out.append(f"host {h}: PCIe settings for {w['gpu_model']} (reboot policy {w['reboot_policy']}): kernel "
+                   f"{' '.join(w['kernel_args']) or '-'}; ACS off on {', '.join(w['acs_bridges']) or 'no bridge'}; "
+                   f"driver branch {w['driver_branch']}")
+        for state in ("in_force", "applied_now", "pending_reboot", "unknown"):
+            if w[state]:
+                out.append(f"  {state.replace('_', ' ')}: {'; '.join(w[state])}")
     out += [f"monitoring on {', '.join(plan.monitoring_hosts)}"]
     out += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(out)
