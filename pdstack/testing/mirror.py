@@ -68,24 +68,6 @@ def _ours(state: Path) -> bool:
     return True
 
 
-def _serves_the_same(local: Path) -> bool:
-    """Whether the mirror on PORT serves every file of `local` byte for byte (another checkout's, of the same sim
-    model: the test inventories then fetch exactly what this checkout's lock says; its /slow/ path is an alias of
-    the same directory in the same nginx.conf)."""
-    import hashlib
-
-    for f in sorted(p for p in local.rglob("*") if p.is_file()):
-        rel = f.relative_to(local).as_posix()
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/{modeldir.NAME}/{rel}", timeout=30) as r:
-                served = hashlib.sha256(r.read()).hexdigest()
-        except OSError:
-            return False
-        if served != hashlib.sha256(f.read_bytes()).hexdigest():
-            return False
-    return True
-
-
 def ensure() -> str:
     """Write the mirror's files and make sure nginx serves them; returns the URL from the controller itself."""
     state = MIRROR / "nginx"
@@ -94,8 +76,8 @@ def ensure() -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)
         modeldir.write(MIRROR / "www" / modeldir.NAME)
         if _answers():
-            if _ours(state) or _serves_the_same(MIRROR / "www" / modeldir.NAME):
-                return url("127.0.0.1")  # ours, or another checkout's serving exactly these bytes
+            if _ours(state):
+                return url("127.0.0.1")
             raise MirrorError(f"port {PORT} already serves a model mirror, but not this checkout's nginx "
                               f"({state}/nginx.pid): another checkout's? Stop it (kill the nginx that "
                               f"`ss -ltnp 'sport = :{PORT}'` names), then run again")
