@@ -312,6 +312,14 @@ def test_the_collector_keeps_only_the_monitoring_units_installed(monkeypatch):
     assert "not been booted with systemd" in sc.monitoring_units()["error"]
 
 
+def test_a_monitoring_host_without_grafana_installed_is_healthy():
+    """grafana_enabled: false (the test hosts) leaves no grafana-server unit: no finding; an installed one that is
+    not running is one (above)."""
+    rep = healthy()
+    rep["monitoring_units"].pop("grafana-server.service")
+    assert judged(view_of(rep)) == (0, [])
+
+
 def test_the_watchdog_restarts_outside_the_hour_do_not_count():
     rep = healthy()
     rep["watchdog"]["state"]["restarts"] = [[time.time() - 4000, "pdstack-server-decode-0.service"]]
