@@ -304,7 +304,7 @@ def _with_tune(tune: dict[str, Any] | None, hostvars: dict[str, dict[str, Any]],
     """hostvars with the tuning candidate's overlay (pdstack_tune, load/tune_overlay.py) merged into its servers."""
     from pdstack.controller.load import tune_overlay
 
-    if "pdstack_tune" in locations:  # set in a file: only `invoke tune` passes it, as an extra var, for one run
+    if not locations.get("pdstack_tune", "-e ").startswith("-e "):  # only `invoke tune` passes it, as an -e
         problems.append(f"pdstack_tune ({locations['pdstack_tune']}): a tuning candidate's overlay, which `invoke "
                         "tune` passes as an extra var for one run; an inventory never sets it: remove it, and put "
                         "the setting in the servers' extra_args or env")
