@@ -73,8 +73,8 @@ def register_plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="only this host's servers")
     parser.add_argument("--json", action="store_true", help="print JSON (for machines) instead of text")
     parser.add_argument("--facts", help="host facts: a recorded JSON file (one host's, applied to every host, or "
-                        "{host: facts}) or a directory of <host>.json; the playbook passes what it gathered. "
-                        "Default: <inventory>/facts if it exists")
+                        "{host: facts}) or a directory of <host>.json; the playbook passes what it gathered "
+                        "(build/state/<inventory name>/facts after a deploy)")
     parser.add_argument("--out", help="also write the JSON plan to this file")
     parser.add_argument("--require-image", action="store_true",
                         help="fail when the image cannot be resolved (pdstack_image.manifest missing): the playbook "

@@ -389,7 +389,6 @@ def add_inventory_args(parser: argparse.ArgumentParser) -> None:
 
 
 def facts_path(args: argparse.Namespace) -> str | None:
-    if args.facts:
-        return args.facts
-    default = Path(args.inventory) / "facts"
-    return str(default) if default.is_dir() else None
+    """--facts, or none (a facts directory inside the inventory would be read by Ansible as more inventory:
+    load/sources.py refuses it)."""
+    return args.facts or None
