@@ -361,8 +361,8 @@ def _public_api(add, fd: dict[str, Any], rid: tuple[str, ...]) -> None:
     methods = ", ".join(sorted({m for m in PUBLIC_ROUTES.values()}))
     add(f, "http-request", "return", "status", "404", "content-type", "application/json", "hdr", REFUSAL_HEADER,
         NOT_FOUND, *rid, "string",
-        _json_error("no such endpoint: this port serves POST /v1/chat/completions, POST /v1/completions, "
-                    "GET /v1/models, POST /generate, GET /health and GET /readiness", "invalid_request_error", 404),
+        _json_error("no such endpoint: this port serves "
+                    + ", ".join(f"{m} {path}" for path, m in PUBLIC_ROUTES.items()), "invalid_request_error", 404),
         "unless", "pdstack_route")
     for method in sorted(set(PUBLIC_ROUTES.values())):
         allow = "GET, HEAD" if method == "GET" else method
