@@ -363,7 +363,7 @@ def load(source: str | os.PathLike, resolved: str | os.PathLike | None = None) -
                                   "to its variables)"])
         if not hostvars:
             raise InventoryError([f"inventory {source}: no hosts; list the GPU host(s) in hosts.yml"])
-        extra = data.get("extra_vars") or {}  # {variable: "-e #N (...)"}: what the -e values set (extra_vars.py)
+        extra = data.get("extra_vars") or {}  # {variable: "-e #N" or "-e @FILE:LINE"}: what the -e values set
         if isinstance(extra, dict):
             locations.update({str(k): str(v) for k, v in extra.items()})
     dep = build_deployment(hostvars, groups, source=str(source), locations=locations)
