@@ -338,6 +338,13 @@ def test_one_source_holds_at_most_its_share(stack):
     source-limit at once, while another address is still served; after them the first address is served again."""
     fd = stack.with_frontdoor(max_concurrent_requests=4, queue_size=0, queue_timeout_secs=5,
                               max_connections_per_source=2)
+    req = _share_held(fd)
+    assert _raw(fd.port, req, wait=20)["status"] == 200
+
+
+def _share_held(fd) -> bytes:
+    """4 long requests from 127.0.0.1 at a front door with N 4, P 2: 2 run, 2 get 429 source-limit at once, while
+    127.0.0.2 is served meanwhile. Returns the request used."""
     body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": int(2 * DECODE_TPS)}}).encode()
     req = _post(len(body), b"Connection: close\r\n") + body
     out: list[dict] = []
@@ -345,7 +352,7 @@ def test_one_source_holds_at_most_its_share(stack):
     for t in ths:
         t.start()
     time.sleep(0.5)
-    other = _raw(fd.port, _post(len(body), b"Connection: close\r\n") + body, wait=20, source="127.0.0.2")
+    other = _raw(fd.port, req, wait=20, source="127.0.0.2")
     for t in ths:
         t.join()
     assert sorted(r["status"] for r in out) == [200, 200, 429, 429], out
@@ -354,7 +361,7 @@ def test_one_source_holds_at_most_its_share(stack):
             _openai_error(r, 429, "source-limit")
             assert r["seconds"] < 0.5 and r["headers"].get("retry-after") == "1", r
     assert other["status"] == 200, other
-    assert _raw(fd.port, req, wait=20)["status"] == 200
+    return req
 
 
 # --- the router's errors, the time budget, stalled readers (issue 25) --------------------------------------------
@@ -702,18 +709,7 @@ def test_http2_is_not_spoken_so_one_connection_carries_one_request_and_the_share
         h2 = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     else:  # Debian's curl is in ./dev.sh's packages; without it the preface above is the proof
         h2 = None
-    long_body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": int(2 * DECODE_TPS)}}).encode()
-    req = _post(len(long_body), b"Connection: close\r\n") + long_body
-    out: list[dict] = []
-    ths = [threading.Thread(target=lambda: out.append(_raw(fd.port, req, wait=20))) for _ in range(4)]
-    for t in ths:
-        t.start()
-    time.sleep(0.5)
-    other = _raw(fd.port, req, wait=20, source="127.0.0.2")
-    for t in ths:
-        t.join()
-    assert other["status"] == 200, other
-    assert sorted(r["status"] for r in out) == [200, 200, 429, 429], out
+    _share_held(fd)
     if h2 is not None:
         lines = h2.communicate(timeout=30)[0].split("\n")
         assert not [ln for ln in lines if ln.startswith("200")], lines  # no request served over HTTP/2
