@@ -109,6 +109,23 @@ def layout_copy(layout: str, dest: Path) -> Path:
     return dest
 
 
+def vaulted(inv: Path, secrets: Path, whole: str, inline: str, key: str) -> Path:
+    """Encrypt `inv`/`whole` whole and turn `key` of `inv`/`inline` (an indented `key: value` line) into an inline
+    !vault value, both with ansible-vault itself; the password file (in `secrets`, outside the inventory)."""
+    pw = secrets / "vault-pass"
+    pw.write_text("a test vault password\n")
+    vault = str(BIN / "ansible-vault")
+    subprocess.run([vault, "encrypt", "--vault-password-file", str(pw), str(inv / whole)], check=True,
+                   capture_output=True)
+    f = inv / inline
+    m = re.search(rf"^( +){re.escape(key)}: (.+)$", f.read_text(), re.M)
+    assert m, (inline, key)
+    enc = subprocess.run([vault, "encrypt_string", "--vault-password-file", str(pw), "--name", key,
+                          str(yaml.safe_load(m[2]))], check=True, capture_output=True, text=True).stdout
+    f.write_text(f.read_text().replace(m[0], "\n".join(m[1] + ln for ln in enc.strip().splitlines())))
+    return pw
+
+
 def booted_hosts(prefix: str, count: int):
     """A fixture body: `count` fresh systemd test hosts named PREFIX-N (a killed run's leftovers removed first),
     yielded as {name: ip}, removed at the end."""

@@ -51,3 +51,19 @@ def test_a_resolved_inventory_names_the_e_a_value_came_from(tmp_path: Path):
     f.write_text(json.dumps({"hostvars": hostvars, "groups": groups, "extra_vars": {"pdstack_router": "-e #2"}}))
     dep = inventory.load(ROOT / "inventory" / "local", f)
     assert any("pdstack_router comes from -e #2, which wins over the inventory's files" in w for w in dep.warnings)
+
+
+def test_pdstack_plan_reads_e_as_ansible_playbook_does_and_names_it(tmp_path: Path):
+    """`pdstack plan -e` goes through Ansible's own extra-vars reading (the values it resolves are the plan's); a
+    value an -e sets is named by its position, and an -e that would switch production's checks off is refused."""
+    plan = [sys.executable, "-m", "pdstack", "plan", "-i", "inventory/production", "--facts",
+            "tests/topologies/reference-2node-8gpu.json"]
+    r = subprocess.run([*plan, "-e", "pdstack_environment=local"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "pdstack_environment: local (-e #1) would switch production's checks off" \
+        in r.stderr, r.stderr
+    r = subprocess.run([*plan, "-e", '{"pdstack_router": {"port": 0}}'], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "(-e #1)" in r.stderr and "pdstack_router.port" in r.stderr, r.stderr
+    f = tmp_path / "x.yml"
+    f.write_text("pdstack_router:\n  port: 030001\n")
+    r = subprocess.run([*plan, "-e", f"@{f}"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and f"pdstack_router.port (-e @{f}:2)" in r.stderr, r.stderr

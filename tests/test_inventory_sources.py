@@ -75,6 +75,10 @@ def test_an_ini_file_a_script_and_a_subdirectory_beside_hosts_yml_are_refused_an
     ("ANSIBLE_INVENTORY_ENABLED", "script,yaml", "enable_plugins / ANSIBLE_INVENTORY_ENABLED = script, yaml "
                                                  "(env: ANSIBLE_INVENTORY_ENABLED)"),
     ("ANSIBLE_VARS_ENABLED", "host_group_vars,community.general.x", "ANSIBLE_VARS_ENABLED"),
+    ("ANSIBLE_HASH_BEHAVIOUR", "merge",
+     "hash_behaviour / ANSIBLE_HASH_BEHAVIOUR = merge (env: ANSIBLE_HASH_BEHAVIOUR)"),
+    ("ANSIBLE_PRECEDENCE", "all_plugins_inventory,all_inventory,groups_inventory,groups_plugins_inventory",
+     "precedence / ANSIBLE_PRECEDENCE = all_plugins_inventory, all_inventory"),
 ])
 def test_an_ansible_setting_that_reads_other_sources_is_refused_by_name(inv: Path, var: str, value: str,
                                                                         named: str):
@@ -145,20 +149,12 @@ def test_an_argv_word_past_what_execve_takes_is_refused(inv: Path):
 def _vaulted_local(tmp_path: Path) -> tuple[Path, Path]:
     """A copy of inventory/local with group_vars/all/router.yml encrypted whole and the served name an inline
     !vault value, and the password file (made with ansible-vault itself)."""
+    from site_helpers import vaulted
+
     inv = tmp_path / "local"
     shutil.copytree(ROOT / "inventory" / "local", inv)  # symlinks copied as files
     (tmp_path / "locks").symlink_to(ROOT / "inventory" / "locks")
-    pw = tmp_path / "vault-pass"
-    pw.write_text("a test vault password\n")
-    vault = str(Path(sys.executable).parent / "ansible-vault")
-    subprocess.run([vault, "encrypt", "--vault-password-file", str(pw), str(inv / "group_vars/all/router.yml")],
-                   check=True, capture_output=True)
-    enc = subprocess.run([vault, "encrypt_string", "--vault-password-file", str(pw), "--name", "served_name",
-                          "deepseek-v4-flash"], check=True, capture_output=True, text=True).stdout
-    model = inv / "group_vars/all/model.yml"
-    model.write_text(model.read_text().replace("  served_name: deepseek-v4-flash\n",
-                                               "".join(f"  {ln}\n" for ln in enc.splitlines())))
-    return inv, pw
+    return inv, vaulted(inv, tmp_path, "group_vars/all/router.yml", "group_vars/all/model.yml", "served_name")
 
 
 def test_a_vault_encrypted_inventory_is_read_with_ansibles_usual_password_ways(tmp_path: Path):
@@ -229,23 +225,36 @@ def _generated(tmp_path: Path, rng, i: int) -> Path:
 
 
 def test_pdstack_reads_exactly_what_ansible_inventory_resolves_for_generated_inventories(tmp_path: Path):
-    """Property: for random inventories of the supported shape, the variables pdstack checks (load_hostvars: every
-    pdstack_* and port variable, per host) equal what `ansible-inventory --list` resolves with the repository's
-    configuration; and adding an INI source, a merge key or an explicit tag to any of them is refused."""
+    """Property: for random inventories of the supported shape and random -e values in each of its forms, the
+    variables pdstack checks (load_located: every pdstack_* and port variable, per host) equal what
+    `ansible-inventory --list -e ...` resolves with the repository's configuration, and a variable an -e sets is
+    located at that -e; adding an INI source, a merge key or an explicit tag to any of them is refused."""
     import random
+
+    import yaml
 
     rng = random.Random(45)
     cli = str(Path(sys.executable).parent / "ansible-inventory")
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
     for i in range(12):
         inv = _generated(tmp_path, rng, i)
-        ours, groups = inventory.load_hostvars(inv)
-        r = subprocess.run([cli, "-i", str(inv), "--list"], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=60, check=True)
+        extra = _extra_vars(tmp_path, rng, i)
+        ours, groups, where = inventory.load_located(inv, tuple(extra))
+        r = subprocess.run([cli, "-i", str(inv), "--list", *(a for e in extra for a in ("-e", e))], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=60, check=True)
         theirs = json.loads(r.stdout)["_meta"]["hostvars"]
         want = {h: {k: v for k, v in hv.items() if k.startswith("pdstack_") or k in ours[h]} for h, hv in
                 theirs.items()}
-        assert ours == want, (i, ours, want)
+        assert ours == want, (i, extra, ours, want)
+        last: dict[str, str] = {}  # variable -> where the last -e setting it is named
+        for n, e in enumerate(extra, 1):
+            if e.startswith("@"):
+                last.update(dict.fromkeys(yaml.safe_load(Path(e[1:]).read_text()), f"-e {e}:"))
+            else:
+                last.update(dict.fromkeys([e.split("=")[0]] if e[0] != "{" else json.loads(e), f"-e #{n}"))
+        for v, named in last.items():
+            assert where[v].startswith(named) if v.startswith("pdstack_") and v in where else True, (v, where)
+        assert all(where[v].startswith(n) for v, n in last.items() if v in ("pdstack_router", "pdstack_smoke"))
         assert sorted(groups["gpu"]) == sorted(json.loads(r.stdout)["gpu"]["hosts"])
         bad = rng.choice(["ini", "merge", "tag"])
         if bad == "ini":
@@ -256,3 +265,57 @@ def test_pdstack_reads_exactly_what_ansible_inventory_resolves_for_generated_inv
             (inv / "group_vars" / "all" / "z.yml").write_text('pdstack_pd: {x: !!int "010"}\n')
         with pytest.raises(InventoryError):
             inventory.load(inv)
+
+
+def test_vars_beside_the_playbooks_are_refused_by_name(tmp_path: Path):
+    """Ansible reads group_vars/ and host_vars/ beside a playbook for every host of the run; pdstack's tree has none,
+    and a checkout that grows one is refused naming it."""
+    from pdstack.controller.load import sources
+
+    assert sources.playbook_vars_problems(ROOT) == []
+    (tmp_path / "site.yml").write_text("[]\n")
+    (tmp_path / "playbooks" / "host_vars").mkdir(parents=True)
+    (tmp_path / "group_vars").mkdir()
+    found = sources.playbook_vars_problems(tmp_path)
+    assert [p.split(" ")[0] for p in found] == ["group_vars/", "playbooks/host_vars/"], found
+    assert "beside site.yml" in found[0] and "beside playbooks/*.yml" in found[1]
+
+
+def test_every_file_ansible_read_must_be_one_the_lint_read(inv: Path):
+    """The invariant that makes the lint and Ansible's loading one reading: the files Ansible's loader opened are
+    compared with the ones the strict lint read, and one the lint missed is named (load/origins.py)."""
+    from pdstack.controller.load import origins
+
+    rec = origins.Recorder()
+    rec.files = {str(inv / "hosts.yml"): {}, str(inv / "group_vars" / "all" / "new.yml"): {}}
+    places = origins.Places(inv, rec)
+    found = origins.unlinted(rec, {os.path.realpath(inv / "hosts.yml")}, places)
+    assert len(found) == 1 and found[0].startswith("group_vars/all/new.yml: Ansible read it"), found
+    assert inventory.load(inv).hosts  # the shipped shape: every file Ansible read was linted
+
+
+def test_a_shadowed_deployment_setting_names_both_origins(inv: Path):
+    (inv / "group_vars" / "gpu.yml").write_text("pdstack_router:\n  port: 9999\n")
+    msg = refused(inv)
+    assert "pdstack_router (group_vars/gpu.yml:1): set for group gpu" in msg, msg
+    assert "it shadows group_vars/all/router.yml:" in msg, msg
+
+
+def _extra_vars(tmp_path: Path, rng, i: int) -> list[str]:
+    """Random -e values in the three forms ansible-playbook reads (key=value words, inline YAML/JSON, @FILE)."""
+    import yaml
+
+    out = []
+    for j in range(rng.randint(0, 3)):
+        form = rng.choice(["kv", "json", "file"])
+        value = {"pdstack_smoke": {"min_horizon": rng.choice([0, 2000, 5000])}} if rng.random() < 0.5 else {
+            "pdstack_router": {"port": rng.randint(8200, 8300), "admission": {"max_concurrent_requests": 8}}}
+        if form == "kv":
+            out.append(f"pdstack_note_{j}=v{rng.randint(0, 9)}")
+        elif form == "json":
+            out.append(json.dumps(value))
+        else:
+            f = tmp_path / f"e{i}-{j}.yml"
+            f.write_text(yaml.safe_dump(value))
+            out.append(f"@{f}")
+    return out

@@ -558,10 +558,22 @@ def test_collect_without_a_plan_says_not_deployed(tmp_path):
 
 
 def test_collect_copies_the_plans_index_keys_and_reader(tmp_path):
-    (tmp_path / "plan.json").write_text(json.dumps({"inventory": "x", "model": {
+    (tmp_path / "plan.json").write_text(json.dumps({"inventory": "x", "environment": "production", "model": {
         "index_k_dtype": "fp8-torch", "index_reader": "reader: SGLang's torch fp8_paged_mqa_logits_torch"}}))
     rep = sc.collect(str(tmp_path / "plan.json"), prometheus_port=1, dcgm_port=1, images_path=str(tmp_path / "i.json"))
     assert rep["plan"]["index_keys"] == "fp8-torch" and "torch" in rep["plan"]["index_reader"]
+    assert rep["plan"]["profile"] == "production"
+
+
+def test_the_table_names_the_profile_in_force():
+    """The profile (derived: production's checks unless the test engine runs) the deployed plan says, per host."""
+    rep = healthy()
+    rep["plan"] = {**rep["plan"], "profile": "production", "engine": "sglang"}
+    view = status.snapshot(INV, collect=lambda s, h: {HOST: rep}, smoke=lambda s: smoke_ok())
+    assert "PROFILE  production (engine sglang)" in status_view.render(view)
+    rep["plan"] = {**rep["plan"], "profile": "test", "engine": "sim"}
+    view = status.snapshot(INV, collect=lambda s, h: {HOST: rep}, smoke=lambda s: smoke_ok())
+    assert "PROFILE  test (engine sim)" in status_view.render(view)
 
 
 def test_the_collector_runs_as_a_script_with_only_the_standard_library(tmp_path):

@@ -82,7 +82,7 @@ def register_plan(parser: argparse.ArgumentParser) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    dep = inventory.load(args.inventory, resolved=args.vars)
+    dep = inventory.load(args.inventory, resolved=args.vars, extra_vars=tuple(args.extra_vars))
     facts = load_facts(inventory.facts_path(args), list(dep.hosts))
     plan = make_plan(dep, facts, require_image=args.require_image).validate()
     if args.host:
@@ -116,7 +116,7 @@ def run_preflight(args: argparse.Namespace) -> int:
         inventory.check_files(args.inventory)
         print(f"preflight: {args.inventory}: every file read strictly (no templates, duplicate keys or YAML 1.1 traps)")
         return 0
-    dep = inventory.load(args.inventory, resolved=args.vars)
+    dep = inventory.load(args.inventory, resolved=args.vars, extra_vars=tuple(args.extra_vars))
     path = None if args.static else inventory.facts_path(args)
     if path is None:
         with _unrenderable(dep):

@@ -349,6 +349,7 @@ def collect(plan_path: str, *, prometheus_port: int, dcgm_port: int, images_path
     else:
         model = plan.get("model") or {}
         out["plan"] = {"inventory": plan.get("inventory"), "engine": plan.get("engine"), "image": plan.get("image"),
+                       "profile": plan.get("environment"),
                        "index_keys": model.get("index_k_dtype"), "index_reader": model.get("index_reader"),
                        "host_settings": plan.get("host_settings")}
     servers = plan.get("servers") or []

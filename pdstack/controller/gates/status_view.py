@@ -54,6 +54,17 @@ def servers(view: dict[str, Any]) -> list[str]:
     return ["SERVERS", *table(rows)] if len(rows) > 1 else ["SERVERS  none reported"]
 
 
+def profile(view: dict[str, Any]) -> list[str]:
+    """The profile the deployed plan runs under (production's checks, or the test engine's local/test), per host."""
+    seen: dict[tuple[Any, Any], list[str]] = {}
+    for host, rep in sorted(view["hosts"].items()):
+        plan = rep.get("plan") or {}
+        if plan.get("profile"):
+            seen.setdefault((plan["profile"], plan.get("engine")), []).append(host)
+    return [f"PROFILE  {prof} (engine {engine})" + (f"  on {', '.join(hosts)}" if len(seen) > 1 else "")
+            for (prof, engine), hosts in sorted(seen.items(), key=str)]
+
+
 def index_keys(view: dict[str, Any]) -> list[str]:
     """Which DSA index keys the deployed plan set, and which kernel reads them (the plan's switches decide it)."""
     seen = {((rep.get("plan") or {}).get("index_keys"), (rep.get("plan") or {}).get("index_reader"))
@@ -148,7 +159,7 @@ def render(view: dict[str, Any], color: bool = False, now: float | None = None) 
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(view.get("time") or now))
     out = [_c(f"pdstack status  {view.get('inventory')}  {stamp}  ({view.get('seconds', 0):.1f} s)", "bold", color),
            ""]
-    out += servers(view) + index_keys(view)
+    out += profile(view) + servers(view) + index_keys(view)
     for host, rep in sorted(view["hosts"].items()):
         if rep.get("unreachable") or rep.get("failed"):
             out.append(_c(f"HOST  {host}  {rep.get('unreachable') or rep.get('failed')}", "red", color))

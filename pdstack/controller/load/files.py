@@ -1,9 +1,10 @@
-"""The files of an inventory, read strictly (yamlsafe) before Ansible opens any of them.
+"""The strict lint of an inventory's files, read before Ansible opens any of them; it produces no value pdstack uses.
 
-Per host or group ("entity") it records where each variable is set, so that a pdstack variable set in two files of
-one entity (group_vars/all/router.yml and router_old.yml; group_vars/all.yml and group_vars/all/x.yml; hosts.yml and
-host_vars/) is an error naming both instead of the later one silently winning, and so that later messages can name
-the file and line a value came from (locations).
+The values come from Ansible's own loading (load/inventory.py, load/origins.py). This lint reads the same files
+(load/origins.unlinted proves it covered each one Ansible read) for what Ansible would accept silently: YAML that
+reads as something else than it says (yamlsafe), and a pdstack variable set in two files of one entity
+(group_vars/all/router.yml and router_old.yml; group_vars/all.yml and group_vars/all/x.yml; hosts.yml and
+host_vars/), refused naming both instead of the later one silently winning.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def scan_inventory(src: Path, extra: tuple[str, ...] = (), decrypt=None) -> Scan
     for p in files:
         rel = _rel(p, base)
         node = yamlsafe.read_file(p, rel, scan.problems, budget, decrypt)
+        scan.files.add(os.path.realpath(p))
         if node is not None:
             _inventory_vars(node, rel, scan, extra, yamlsafe.aliased_nodes(node))
     count = [0]
@@ -61,6 +63,7 @@ def scan_inventory(src: Path, extra: tuple[str, ...] = (), decrypt=None) -> Scan
             for p in found:
                 rel = _rel(p, base)
                 node = yamlsafe.read_file(p, rel, scan.problems, budget, decrypt)
+                scan.files.add(os.path.realpath(p))
                 if node is not None and (found_vars := yamlsafe.top_vars(node, rel, scan.problems, extra)):
                     scan.var_dirs.setdefault((kind, name), _rel(entry, base))  # it sets something
                     _add(scan, (kind, name), rel, found_vars, extra)
@@ -152,56 +155,3 @@ def unmatched(scan: Scan, hosts: list[str], groups: list[str]) -> list[str]:
         problems.append(f"{where}: {where.split('/', 1)[0]}/{name} names no {kind} of the inventory ({kind}s are "
                         f"{', '.join(sorted(known))}); its variables would be ignored: {fix}")
     return problems
-
-
-def locations(scan: Scan, order: list[Entity], host_level: set[str], host: str, top: bool) -> dict[str, str]:
-    """{variable path as the schema names it: "file:line"} for `host`, whose variables come from the entities in
-    `order` (lowest precedence first, as Ansible merges them). Host-level variables are keyed
-    "host_vars/<host>.<path>"; the others (top=True) by their own path."""
-    winner: dict[str, Source] = {}
-    for entity in order:
-        for var, sources in scan.entities.get(entity, {}).items():
-            winner[var] = sources[-1]
-    out: dict[str, str] = {}
-    for var, s in winner.items():
-        if var in host_level:
-            _paths(s.value, f"host_vars/{host}.{var}", s.file, out, s.key)
-        elif top:
-            _paths(s.value, var, s.file, out, s.key)
-    return out
-
-
-def _paths(node: yaml.Node, path: str, rel: str, out: dict[str, str], key: yaml.Node | None = None) -> None:
-    out[path] = f"{rel}:{(key or node).start_mark.line + 1}"
-    if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            if isinstance(k, yaml.ScalarNode):
-                _paths(v, f"{path}.{k.value}", rel, out, k)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _paths(item, f"{path}[{i}]", rel, out)
-
-
-def precedence_problems(scan: Scan, order: list[Entity], host: str, group_wide: set[str], one_place: set[str]
-                        ) -> list[str]:
-    """A setting that `host` gets from more than one precedence level (group_vars/all, another group, host_vars or
-    hosts.yml), where Ansible would silently use the highest one: a deployment-wide setting (`group_wide`) lives in
-    group_vars/all only; one of `one_place` (a host's servers, its address) is set in one place."""
-    by_var: dict[str, list[Source]] = {}
-    for entity in order:
-        for var, sources in scan.entities.get(entity, {}).items():
-            by_var.setdefault(var, []).append(sources[-1])
-    out = []
-    for var, sources in sorted(by_var.items()):
-        if var in group_wide:
-            outside = [(e, src) for e in order for src in scan.entities.get(e, {}).get(var, [])[-1:]
-                       if e != ("group", "all")]
-            for (kind, name), src in outside:
-                out.append(f"{var} ({src.where()}): set for {kind} {name}, but it is a deployment-wide setting that "
-                           "lives in group_vars/all only (Ansible would let this one shadow it for host "
-                           f"{host}); move it to group_vars/all and remove it here")
-        elif var in one_place and len(sources) > 1:
-            where = ", ".join(s.where() for s in sources)
-            out.append(f"{var}: host {host} gets it from {len(sources)} places ({where}); Ansible would silently use "
-                       f"the last ({sources[-1].where()}): keep it in one place")
-    return out

@@ -104,16 +104,23 @@ def check_files(source: str | os.PathLike, decrypt: vault.Decrypt | None = None)
         raise InventoryError(scan.problems)
 
 
-def load_located(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]], dict[str, str]]:
-    """load_hostvars, and where each pdstack value is set ({variable path: "file:line"}, see files.locations).
+def load_located(source: str | os.PathLike, extra_vars: tuple[str, ...] = ()
+                 ) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]], dict[str, str]]:
+    """load_hostvars, and where each pdstack value is set ({variable path: "file:line"}).
 
-    Every file is read strictly first (files.scan_inventory: duplicate keys, aliases, YAML 1.1 traps, templates, a
-    variable set in two files, fifos, size); only then does Ansible's loader merge them by its precedence. Nothing
-    is templated: the one allowed form ({{ inventory_dir }}/<path>) is resolved by yamlsafe, no Jinja runs."""
+    One reader: the values are those Ansible's own InventoryManager and VariableManager resolve (its yaml inventory
+    plugin, its host_group_vars vars plugin, its vault secrets, its precedence; `extra_vars` as ansible-playbook's
+    -e, through its own load_extra_vars), and where each came from is the Origin Ansible tagged it with
+    (load/origins.py). Before Ansible opens anything, every file is linted strictly (files.scan_inventory: duplicate
+    keys, aliases, explicit tags, YAML 1.1 traps, templates, a variable set in two files, fifos, size; it produces no
+    value), and afterwards every file Ansible's loader read must be one the lint read. Nothing is templated: the one
+    allowed form ({{ inventory_dir }}/<path>) is resolved by yamlsafe, no Jinja runs."""
     from ansible.errors import AnsibleError
-    from ansible.inventory.helpers import sort_groups
     from ansible.inventory.manager import InventoryManager
     from ansible.vars.manager import VariableManager
+
+    from pdstack.controller.load import extra_vars as extra_reader
+    from pdstack.controller.load import origins
 
     src = Path(source)
     if not src.exists():
@@ -123,13 +130,17 @@ def load_located(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]], 
         raise InventoryError(bad)
     loader = vault.loader()  # with the vault secrets Ansible's configuration names
     scan = files.scan_inventory(src, (*ROLE_PORT_VARS, "ansible_host"), vault.decrypter(loader))  # read these too
-    if scan.problems:
-        raise InventoryError(scan.problems)
+    extra_problems, extra_origins = extra_reader.check(extra_vars)
+    if scan.problems or extra_problems:
+        raise InventoryError(scan.problems + extra_problems)
     sources.pin()
+    recorder = origins.Recorder()
+    recorder.attach(loader)
+    places = origins.Places(src if src.is_dir() else src.parent, recorder)
     locations: dict[str, str] = {}
     try:
         inv = InventoryManager(loader=loader, sources=[str(src)])
-        vm = VariableManager(loader=loader, inventory=inv)
+        vm = _variable_manager(loader, inv, VariableManager, extra_vars)
         hostvars: dict[str, dict[str, Any]] = {}
         shadowed: list[str] = []
         for host in inv.get_hosts():
@@ -140,19 +151,46 @@ def load_located(source: str | os.PathLike) -> tuple[dict[str, dict[str, Any]], 
             if "ansible_host" in raw:  # only when set: a host without any address is an error in production
                 hv["ansible_host"] = str(raw["ansible_host"])
             hostvars[host.name] = hv
-            order = [("group", g.name) for g in sort_groups(host.get_groups())] + [("host", host.name)]
-            locations.update(files.locations(scan, order, set(HOST_LEVEL), host.name, top=len(hostvars) == 1))
-            shadowed.extend(files.precedence_problems(scan, order, host.name, set(TOP_LEVEL),
-                                                      {*HOST_LEVEL, "ansible_host"}))
+            defs = origins.definitions(inv, host, places, lambda k: str(k).startswith("pdstack_")
+                                       or k in (*ROLE_PORT_VARS, "ansible_host"))
+            for k, v in wanted.items():
+                path = f"host_vars/{host.name}.{k}" if k in HOST_LEVEL else k
+                if k in HOST_LEVEL or len(hostvars) == 1:
+                    origins.locations(v, path, places, locations)
+                    if k in extra_origins:
+                        locations[path] = extra_origins[k]
+                    elif k in defs:
+                        locations[path] = defs[k][-1][1]  # the key's line in the file that won
+            shadowed.extend(origins.shadowing({k: d for k, d in defs.items() if k not in extra_origins}, host.name,
+                                              set(TOP_LEVEL), {*HOST_LEVEL, "ansible_host"}))
         groups = {g: [h.name for h in inv.groups[g].get_hosts()] for g in inv.groups}
     except AnsibleError as e:
         raise InventoryError([f"inventory {src}: Ansible could not read it: {e}"]) from e
     if not hostvars:
         raise InventoryError([f"inventory {src}: no hosts; list the GPU host(s) in hosts.yml"])
-    problems = list(dict.fromkeys(shadowed)) + files.unmatched(scan, sorted(hostvars), sorted(groups))
+    linted = scan.files | {os.path.realpath(o[1:]) for o in extra_vars if isinstance(o, str) and o.startswith("@")}
+    problems = (origins.unlinted(recorder, linted, places) + list(dict.fromkeys(shadowed))
+                + files.unmatched(scan, sorted(hostvars), sorted(groups)))
     if problems:
         raise InventoryError(problems)
     return hostvars, groups, locations
+
+
+def _variable_manager(loader, inv, cls, extra_vars: tuple[str, ...]):
+    """Ansible's VariableManager for `inv`, with `extra_vars` read as ansible-playbook reads its -e values
+    (ansible/utils/vars.py load_extra_vars, from the CLI arguments)."""
+    from ansible import context
+    from ansible.module_utils.common.collections import ImmutableDict
+    from ansible.utils import vars as ansible_vars
+
+    saved = context.CLIARGS
+    context.CLIARGS = ImmutableDict({**dict(saved), "extra_vars": tuple(extra_vars)})
+    ansible_vars.load_extra_vars.extra_vars = {}  # it memoises the first -e set it reads, process-wide
+    try:
+        return cls(loader=loader, inventory=inv)
+    finally:
+        context.CLIARGS = saved
+        ansible_vars.load_extra_vars.extra_vars = {}
 
 
 def _resolve(value: Any, inventory_dir: str) -> Any:
@@ -343,13 +381,18 @@ def _model_lock(model: Any, source: str, problems: list[str]) -> dict[str, Any] 
     return {**lock, "file": str(path), "digest": modellock.digest(lock), "bytes": modellock.total_bytes(lock)}
 
 
-def load(source: str | os.PathLike, resolved: str | os.PathLike | None = None) -> Deployment:
-    """The deployment of inventory `source`. With `resolved` (a JSON file {"hostvars": {host: vars}, "groups": {...}}
-    that the preflight role writes from what Ansible resolved, extra vars included) those variables are used instead
-    of reading the inventory again, so `ansible-playbook -e ...` reaches the plan."""
+def load(source: str | os.PathLike, resolved: str | os.PathLike | None = None,
+         extra_vars: tuple[str, ...] = ()) -> Deployment:
+    """The deployment of inventory `source`, with `extra_vars` (-e values, as ansible-playbook reads them). With
+    `resolved` (a JSON file {"hostvars": {host: vars}, "groups": {...}} that the preflight role writes from what
+    Ansible resolved, extra vars included) those variables are used instead of reading the inventory again, so
+    `ansible-playbook -e ...` reaches the plan."""
     locations: dict[str, str] = {}
+    if resolved is not None and extra_vars:
+        raise InventoryError([f"-e with --vars {resolved}: the resolved variables already hold the run's extra vars; "
+                              "give one or the other"])
     if resolved is None:
-        hostvars, groups, locations = load_located(source)
+        hostvars, groups, locations = load_located(source, tuple(extra_vars))
     else:
         import json
         try:
@@ -386,6 +429,9 @@ def add_inventory_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-i", "--inventory", required=True, help="inventory directory, e.g. inventory/production")
     parser.add_argument("--vars", help="use these resolved variables (JSON the preflight role writes, extra vars "
                         "included) instead of reading the inventory's files")
+    parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
+                        help="as ansible-playbook's -e (key=value, YAML/JSON, or @FILE; repeatable, the last wins): "
+                        "read by the same strict rules, and named in messages by its position (-e #N)")
 
 
 def facts_path(args: argparse.Namespace) -> str | None:

@@ -12,9 +12,11 @@ plugins), an executable file (the `script` plugin runs it), every subdirectory a
 with the extensions of ANSIBLE_YAML_FILENAME_EXT. The repository's ansible.cfg enables only the `yaml` inventory
 plugin ([inventory] enable_plugins), and pdstack refuses, before anything reads the inventory: any other entry of the
 inventory directory (naming it), and an Ansible configuration (environment or config file) that enables other
-inventory or vars plugins or other vars-file extensions, naming the setting and where it came from
+inventory or vars plugins, other vars-file extensions, another variable precedence or hash_behaviour = merge,
+naming the setting and where it came from
 (`ansible-config dump --only-changed` shows the same). pdstack's own reading (load/inventory.py) then uses Ansible's
 loaders with exactly these plugins, so no inventory script runs during `pdstack preflight` or `pdstack plan`.
+group_vars/ and host_vars/ beside the playbooks (site.yml, playbooks/), which Ansible also reads, are refused.
 """
 
 from __future__ import annotations
@@ -36,7 +38,16 @@ PINNED = {
     "VARIABLE_PLUGINS_ENABLED": ("[defaults] vars_plugins_enabled / ANSIBLE_VARS_ENABLED", VARS_PLUGINS),
     "YAML_FILENAME_EXTENSIONS": ("[defaults] yaml_valid_extensions / ANSIBLE_YAML_FILENAME_EXT", VARS_EXTENSIONS),
     "INVENTORY_IGNORE_PATTERNS": ("[inventory] ignore_patterns / ANSIBLE_INVENTORY_IGNORE_REGEX", []),
+    # how Ansible merges what it read: the precedence load/origins.py reports shadowing by, and replace (a
+    # higher level's mapping replaces a lower one's, never merges into it)
+    "VARIABLE_PRECEDENCE": ("[defaults] precedence / ANSIBLE_PRECEDENCE",
+                            ["all_inventory", "groups_inventory", "all_plugins_inventory", "all_plugins_play",
+                             "groups_plugins_inventory", "groups_plugins_play"]),
+    "DEFAULT_HASH_BEHAVIOUR": ("[defaults] hash_behaviour / ANSIBLE_HASH_BEHAVIOUR", "replace"),
 }
+# beside a playbook, Ansible reads group_vars/ and host_vars/ too (its `_plugins_play` level): site.yml and
+# playbooks/*.yml must have none, so the inventory is the only place variables come from
+PLAYBOOK_DIRS = (".", "playbooks")
 
 
 def config_problems() -> list[str]:
@@ -48,11 +59,26 @@ def config_problems() -> list[str]:
     out = []
     for key, (name, wanted) in PINNED.items():
         value, origin = C.config.get_config_value_and_origin(key)
+        if isinstance(wanted, str):
+            if origin != "default" and value != wanted:
+                out.append(f"{name} = {value} ({origin}): pdstack checks variables as Ansible merges them with "
+                           f"{wanted}, so Ansible would use values pdstack never checked; unset it")
+            continue
         if origin != "default" and list(value or []) != wanted:
             out.append(f"{name} = {', '.join(map(str, value or [])) or '(empty)'} ({origin}): pdstack reads "
                        f"inventories with {', '.join(wanted) or 'none'} only, so Ansible would read sources pdstack "
                        f"never checked; unset it (the repository's ansible.cfg sets what pdstack supports)")
-    return out
+    return out + playbook_vars_problems(Path(__file__).resolve().parents[3])
+
+
+def playbook_vars_problems(root: Path) -> list[str]:
+    """group_vars/ or host_vars/ beside the repository's playbooks: Ansible reads them for every host of a run."""
+    if not (root / "site.yml").is_file():
+        return []  # not run from the repository (an installed pdstack): no playbooks of ours to sit beside
+    return [f"{d}/ (beside {'site.yml' if where == '.' else where + '/*.yml'}): Ansible reads it for every host of "
+            "a playbook run, where pdstack never checks it; move its variables into the inventory and remove it"
+            for where in PLAYBOOK_DIRS for d in (str(Path(where) / v) for v in VAR_DIRS)
+            if (root / d).exists()]
 
 
 def pin() -> None:

@@ -63,6 +63,7 @@ class Scan:
     problems: list[str] = field(default_factory=list)
     entities: dict[tuple[str, str], dict[str, list[Source]]] = field(default_factory=dict)
     var_dirs: dict[tuple[str, str], str] = field(default_factory=dict)  # entity -> the file/dir naming it
+    files: set[str] = field(default_factory=set)  # the real path of every file read (origins.unlinted)
 
 
 def is_pdstack_var(name: Any, extra: tuple[str, ...] = ()) -> bool:
