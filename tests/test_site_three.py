@@ -28,6 +28,7 @@ from site_helpers import (
     post,
     saved_sim_image,
     sh,
+    vaulted,
     wait_serving,
 )
 
@@ -57,9 +58,15 @@ def one_host_on(host: str, dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def one_host_first(hosts, tmp_path_factory):
-    """The one-host layout deployed on pdstack-three-1, as a host would have it before the layout changes."""
+    """The one-host layout deployed on pdstack-three-1, as a host would have it before the layout changes; its
+    inventory as an operator keeps secrets: group_vars/all/router.yml encrypted whole with ansible-vault and the
+    served name an inline !vault value, the password given to ansible-playbook its usual way."""
+    secrets = tmp_path_factory.mktemp("vault")
     inv = one_host_on("pdstack-three-1", tmp_path_factory.mktemp("layouts") / "one-host-on-three")
-    r = playbook(inv)
+    pw = vaulted(inv, secrets, "group_vars/all/router.yml", "group_vars/all/model.yml", "served_name")
+    assert (inv / "group_vars/all/router.yml").read_text().startswith("$ANSIBLE_VAULT;")
+    assert "served_name: !vault |" in (inv / "group_vars/all/model.yml").read_text()
+    r = playbook(inv, "--vault-password-file", str(pw))
     assert r.returncode == 0, r.stdout[-6000:]
     for unit in ("pdstack-server-prefill-0", "pdstack-server-decode-0", "pdstack-router"):
         assert sh("pdstack-three-1", "systemctl", "is-active", unit).stdout.strip() == "active", unit
