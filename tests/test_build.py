@@ -146,7 +146,7 @@ def test_sbom_names_the_one_wheel_each_locked_distribution_installed(tmp_path):
 
 def test_sbom_fills_an_empty_wheel_cache_from_the_lock_first(tmp_path, monkeypatch):
     """A fresh clone on a host that already has the image has no wheel cache: the SBOM step fills it from the lock
-    (the CI run of 2026-12-01 failed here), and still refuses a cache whose fill did not bring the locked wheel."""
+    (what CI's fresh clones meet), and still refuses a cache whose fill did not bring the locked wheel."""
     from pdstack.controller.imagebuild import sbom
 
     content = b"the locked wheel"
