@@ -310,6 +310,9 @@ def lock_dev(c: Context) -> None:
         c.run(shlex.join([str(uv), *DEV_LOCK_CMD, *(a for d in links for a in ("--find-links", d))]), echo=True,
               env=_env())
     lock_file = ROOT / "requirements" / "lock.txt"
+    if c.config.run.dry:
+        print(f"then: hash the wheels of {' '.join(links) or '(no find-links)'} that {lock_file} pins without a hash")
+        return
     text, unhashed = hash_local_wheels(lock_file.read_text(), [Path(d.removeprefix("file://")) for d in links])
     lock_file.write_text(text)
     if unhashed:
