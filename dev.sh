@@ -14,7 +14,7 @@ ROOT=$(pwd)
 VENV="$ROOT/.venv"
 COLLECTIONS="$ROOT/.collections"
 ANSIBLE_WHEEL_VERSION=12.3.0   # the PyPI `ansible` release whose wheel carries the collections we extract
-COLLECTIONS_USED="community/docker ansible/posix community/general"
+COLLECTIONS_USED="ansible/posix community/general"
 
 log() { printf '\033[1m[dev.sh]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[31m[dev.sh] %s\033[0m\n' "$*" >&2; exit 1; }
@@ -77,10 +77,11 @@ ensure_venv() {
   fi
   log "venv: installing pinned requirements (first run takes a few minutes)"
   "$VENV/bin/python" -m pip install -q "pip==26.3"
-  # --no-compile: Python writes each module's bytecode when it is first imported; compiling every file up front
-  # (most of torch, transformers and sglang are never imported here) took most of a fresh venv's install from
-  # pip's warm cache (./dev.sh demo's setup, venv and collections: ~110 s before, ~45 s after; docs/testing.md)
-  "$VENV/bin/python" -m pip install -q --no-compile -r requirements/lock.txt
+  # --no-compile: Python writes each module's bytecode when it is first imported; most of torch, transformers and
+  # sglang is never imported here, and compiling all of it up front is most of a fresh venv's install time
+  # the lock carries every package with its sha256 (invoke lock.dev); the project itself goes in without deps, as an
+  # editable install has no hash to check
+  "$VENV/bin/python" -m pip install -q --no-compile --require-hashes -r requirements/lock.txt
   "$VENV/bin/python" -m pip install -q --no-compile --no-deps -r requirements/sglang.txt
   "$VENV/bin/python" -m pip install -q --no-deps -e .
   echo "$want" > "$stamp"
@@ -99,7 +100,7 @@ if z.install_into(sys.argv[1], sys.argv[2]): print(f"[dev.sh] zipimport cache: i
 ensure_collections() {
   # Galaxy is unreachable; the `ansible` wheel on PyPI carries the collections. Extract only those we use.
   local stamp="$COLLECTIONS/.pdstack-$ANSIBLE_WHEEL_VERSION"
-  [ -f "$stamp" ] && return
+  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$COLLECTIONS_USED" ] && return
   log "ansible: extracting collections ($COLLECTIONS_USED) from ansible==$ANSIBLE_WHEEL_VERSION"
   local tmp
   tmp=$(mktemp -d)
@@ -118,7 +119,7 @@ print(f"extracted {len(names)} files", file=sys.stderr)
 EOF
   )
   rm -rf "$tmp"
-  touch "$stamp"
+  echo "$COLLECTIONS_USED" > "$stamp"
 }
 
 setup() {

@@ -290,6 +290,36 @@ def lock_prod_image(c: Context, upgrade: bool = False) -> None:
         c.run(shlex.join([str(uv), *PROD_LOCK_CMD, *(["--upgrade"] if upgrade else [])]), echo=True, env=_env())
 
 
+DEV_LOCK_CMD = ["pip", "compile", "--no-deps", "--generate-hashes", "--python-version", "3.11", "--quiet",
+                "requirements/dev.in", "-o", "requirements/lock.txt"]
+
+
+@task
+def lock_dev(c: Context) -> None:
+    """Regenerate requirements/lock.txt (the dev venv, hash-locked) from requirements/dev.in with uv."""
+    from pdstack.controller.imagebuild.pins import hash_local_wheels
+
+    uv = BIN / "uv"
+    if not uv.exists():
+        raise Exit(f"{uv} is missing: run ./dev.sh setup (uv is pinned in requirements/lock.txt)", 1)
+    # the machine's pip find-links (where the CPU torch wheel lies): uv reads no pip configuration
+    probe = c.run(f"{BIN / 'python'} -m pip config get global.find-links", hide=True, warn=True)
+    links = (os.environ.get("PIP_FIND_LINKS", "") + " " + (probe.stdout if probe.ok else "")).split()
+    links = list(dict.fromkeys(links))
+    with c.cd(str(ROOT)):
+        c.run(shlex.join([str(uv), *DEV_LOCK_CMD, *(a for d in links for a in ("--find-links", d))]), echo=True,
+              env=_env())
+    lock_file = ROOT / "requirements" / "lock.txt"
+    if c.config.run.dry:
+        print(f"then: hash the wheels of {' '.join(links) or '(no find-links)'} that {lock_file} pins without a hash")
+        return
+    text, unhashed = hash_local_wheels(lock_file.read_text(), [Path(d.removeprefix("file://")) for d in links])
+    lock_file.write_text(text)
+    if unhashed:
+        raise Exit(f"requirements/lock.txt: no hash for {', '.join(unhashed)} (no index or find-links folder has "
+                   "its wheel): ./dev.sh would refuse the lock", 1)
+
+
 build = Collection("build")
 build.add_task(build_image, name="image", default=True)
 
@@ -300,6 +330,7 @@ testhost.add_task(testhost_status, name="status")
 
 lock = Collection("lock")
 lock.add_task(lock_prod_image, name="prod-image")
+lock.add_task(lock_dev, name="dev")
 
 ns = Collection(lint, test, plan, deploy, status, tune, rollback, kernels, demo, testhost, build, lock)
 ns.configure({"run": {"echo": True}})

@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -145,7 +146,7 @@ def test_sbom_names_the_one_wheel_each_locked_distribution_installed(tmp_path):
 
 def test_sbom_fills_an_empty_wheel_cache_from_the_lock_first(tmp_path, monkeypatch):
     """A fresh clone on a host that already has the image has no wheel cache: the SBOM step fills it from the lock
-    (the CI run of 2026-12-01 failed here), and still refuses a cache whose fill did not bring the locked wheel."""
+    (what CI's fresh clones meet), and still refuses a cache whose fill did not bring the locked wheel."""
     from pdstack.controller.imagebuild import sbom
 
     content = b"the locked wheel"
@@ -490,3 +491,40 @@ def test_an_unreachable_base_says_how_to_bring_it_offline(docker_client):
         resolve_base(docker_client, "prod", ref)
     msg = str(e.value)
     assert "cannot be pulled" in msg and "docker load -i base.tar" in msg and "--base locked" in msg
+
+
+def test_lock_pins_without_hashes_and_local_wheels_hashed(tmp_path):
+    from pdstack.controller.imagebuild.pins import hash_local_wheels, pin, pins_only
+
+    lock = tmp_path / "lock.txt"
+    lock.write_text("# header\naiohttp==3.14.5 \\\n    --hash=sha256:" + "a" * 64 + "\n    # via -r dev.in\n"
+                    "torch==2.13.0+cpu\n    # via -r dev.in\n")
+    assert pins_only(lock) == "aiohttp==3.14.5\ntorch==2.13.0+cpu\n"
+    assert pin(lock, "torch") == "2.13.0+cpu" and pin(lock, "aiohttp") == "3.14.5"
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"torch")
+    (wheels / "torch-2.14.1+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"other")
+    text, unhashed = hash_local_wheels(lock.read_text(), [wheels, tmp_path / "absent"])
+    assert unhashed == []
+    assert f"torch==2.13.0+cpu \\\n    --hash=sha256:{hashlib.sha256(b'torch').hexdigest()}\n" in text
+    assert text.count("--hash=") == 2
+    lock.write_text(text)
+    assert pins_only(lock) == "aiohttp==3.14.5\ntorch==2.13.0+cpu\n"
+    assert hash_local_wheels("numpy==2.4.6\n", [wheels]) == ("numpy==2.4.6\n", ["numpy==2.4.6"])
+
+
+def test_dev_lock_is_hash_pinned_and_matches_dev_in():
+    """Every pin of requirements/lock.txt carries a hash (./dev.sh installs it with --require-hashes), and the lock
+    pins exactly what requirements/dev.in does."""
+    from pdstack.controller.imagebuild.pins import pins_only
+
+    req = ROOT / "requirements"
+    blocks = re.split(r"\n(?=[A-Za-z])", (req / "lock.txt").read_text())
+    unhashed = [b.split()[0] for b in blocks if re.match(r"[A-Za-z]", b) and "--hash=sha256:" not in b]
+    assert not unhashed, f"requirements/lock.txt: no hash for {unhashed}: run `invoke lock.dev`"
+
+    def norm(text: str) -> list[str]:
+        return sorted(re.sub(r"[-_.]+", "-", p.lower()) for p in text.split())
+
+    assert norm(pins_only(req / "lock.txt")) == norm(pins_only(req / "dev.in")), "run `invoke lock.dev`"

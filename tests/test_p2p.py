@@ -66,7 +66,7 @@ def _cuda_gpus() -> int:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(_cuda_gpus() < 1, reason="needs a CUDA GPU (this machine has none); run `python -m "
-                    "pdstack.image.p2p --self-test --json` on a GPU host (docs/testing.md has the measured number)")
+                    "pdstack.image.p2p --self-test --json` on a GPU host (docs/log.md has the measured number)")
 def test_self_test_on_one_gpu_measures_its_copy_bandwidth(capsys):
     assert p2p.main(["--self-test", "--json", "--mib", "64"]) == 0
     out = json.loads(capsys.readouterr().out)

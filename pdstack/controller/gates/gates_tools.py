@@ -12,7 +12,7 @@ The checks are independent requests, so they run side by side (CONCURRENCY at a 
 admission limit) (as an agent client's do),
 and are recorded in the order above: the first case's pair alone first (a refused API key ends the gate there),
 then the other cases, then the round trip (it needs turn 1's call) beside the reasoning pair, then the known
-limitations. On the sim at 64 tok/s this took the gate from 12.7 s to about 4 s (docs/testing.md).
+limitations. So the gate takes about as long as its longest chain of dependent requests, not the sum of them all.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pdstack.controller.imagebuild.common import BUILD_DIR, ROOT, BuildError, digest, echo, sha256_file
 from pdstack.controller.imagebuild.common import lock as machine_lock
+from pdstack.controller.imagebuild.pins import pins_only
 
 WHEEL_CACHE = BUILD_DIR / "wheels"
 
@@ -52,7 +53,9 @@ def _download(name: str, requirements: list[str], no_deps, lock: Path, folder: P
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=WHEEL_CACHE))
     pip = [sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:", "-d", str(tmp)]
     echo(f"wheels: downloading {name} ({', '.join(requirements + list(no_deps))}) on the host")
-    for args in ([*pip, "-c", str(lock), *requirements] if requirements else None,
+    constraints = tmp / "constraints.txt"  # the lock's versions; its hashes would hold every download to the lock
+    constraints.write_text(pins_only(lock))
+    for args in ([*pip, "-c", str(constraints), *requirements] if requirements else None,
                  [*pip, "--no-deps", *no_deps] if no_deps else None):
         if not args:
             continue
@@ -62,6 +65,7 @@ def _download(name: str, requirements: list[str], no_deps, lock: Path, folder: P
             raise BuildError(f"pip download failed ({' '.join(args[3:])}):\n{r.stderr[-2000:]}\n"
                              "Fix: the host's pip must reach PyPI or a find-links folder holding these wheels "
                              "(see /etc/pip.conf)")
+    constraints.unlink()
     wheels = {p.name: sha256_file(p) for p in sorted(tmp.glob("*.whl"))}
     (tmp / "wheels.json").write_text(json.dumps(wheels, indent=1) + "\n")
     if folder.exists():

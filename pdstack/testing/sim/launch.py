@@ -185,8 +185,8 @@ class RouterProcess(ServerProcess):
     """The real sglang-router (Rust) in PD mode in front of sim workers."""
 
     ready_path = "/readiness"  # 200 once healthy workers are registered
-    # a wait, not a promise: on 2026-12-03's slower machine, under the whole suite's load, 30 s was too short for
-    # the admission stack's router (docs/testing.md); a start that works returns as soon as /readiness is 200
+    # a bound, not an expected time: on a slow 2-core machine under the whole suite's load the admission stack's
+    # router has needed more than 30 s (docs/log.md); a start that works returns as soon as /readiness is 200
     ready_timeout_s = 60.0
 
     def __init__(self, prefills: list[SimProcess], decodes: list[SimProcess], log_dir: Path,

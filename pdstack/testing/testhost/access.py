@@ -4,9 +4,8 @@ The connection variables live in one file, inventory/test/common/group_vars/all/
 inventory links to it; `inventory_for()` reads it): Ansible's `ssh` connection, pipelining and a ControlPersist
 master per host, whose ProxyCommand (ssh_connect.py) finds the container's bridge address through the controller's
 Docker, since the hosts' names resolve only inside their network. A task costs one multiplexed ssh channel on a
-running master instead of a `docker exec` (docker CLI, dockerd, containerd, runc) of its own: measured on the demo
-host (2 cores), 40 `stat` tasks took 9.2-10.1 s of machine CPU through community.docker.docker and 7.0-7.9 s this
-way (docs/testing.md, "The test hosts over SSH").
+running master instead of a `docker exec` (docker CLI, dockerd, containerd, runc) of its own, which costs the
+machine less CPU per task (docs/log.md, "The test hosts over SSH", has the figures).
 
 The key is the checkout's own, made once here (build/testhost/ssh/id_ed25519, never committed), and `up()`
 authorizes it for root on every host it boots or finds. Host keys are not checked (StrictHostKeyChecking=no in

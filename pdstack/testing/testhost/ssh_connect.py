@@ -1,9 +1,8 @@
 """ssh's ProxyCommand for the local test hosts, used with ProxyUseFdpass=yes (connection.yml): connects to port 22 of
 the container HOST at the bridge address the controller's Docker gives it, and hands the connected socket to ssh,
 which then talks to the host's sshd directly. The test hosts' names resolve only inside their Docker network, and
-nothing relays the bytes: through `docker exec -i HOST sshd -i` (a pipe through the docker CLI, dockerd and the
-shim), copying the 1.5 GB sim image tarball cost 13.6 s of CPU; over the handed-over socket, 3.3 s (AES-GCM;
-docs/testing.md).
+nothing relays the bytes: a pipe through `docker exec -i HOST sshd -i` (the docker CLI, dockerd and the shim)
+costs several times the CPU for the same copy (docs/log.md, "The test hosts over SSH", has the figures).
 
 Runs as `/usr/bin/python3 -I ssh_connect.py HOST PORT` (the standard library only; no venv needed).
 """
