@@ -319,3 +319,34 @@ def _extra_vars(tmp_path: Path, rng, i: int) -> list[str]:
             f.write_text(yaml.safe_dump(value))
             out.append(f"@{f}")
     return out
+
+
+def test_an_ssh_host_alias_that_would_win_over_ansible_host_is_refused(inv: Path):
+    """ansible_ssh_host is read by the ssh connection after ansible_host (ansible/plugins/connection/ssh.py: its
+    `host` option's vars), so it silently moves the deploy to another machine than the address pdstack renders."""
+    (inv / "host_vars" / "gpu01" / "conn.yml").write_text("ansible_ssh_host: 10.66.6.6\n")
+    msg = refused(inv)
+    assert "ansible_ssh_host (host_vars/gpu01/conn.yml:1): Ansible's ssh connection reads it after ansible_host" \
+        in msg and "10.66.6.6" in msg, msg
+
+
+def test_the_deploy_path_reads_the_inventory_as_pdstack_plan_does(inv: Path, tmp_path: Path):
+    """site.yml's preflight (its action plugin, in ansible-playbook's process, with the run's -e and vault secrets)
+    refuses what `pdstack plan` refuses from Ansible's own loading: a shadowed deployment-wide setting, an ssh
+    address alias; the same inventory without them passes."""
+    book = tmp_path / "static.yml"
+    book.write_text("- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+                    "    - ansible.builtin.include_role: {name: preflight, tasks_from: static}\n")
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(ROOT / "roles")}
+    run = [str(Path(sys.executable).parent / "ansible-playbook"), str(book), "-i", str(inv)]
+    (inv / "group_vars" / "gpu.yml").write_text("pdstack_router:\n  port: 9999\n")
+    (inv / "host_vars" / "gpu01" / "conn.yml").write_text("ansible_ssh_host: 10.66.6.6\n")
+    r = subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "pdstack_router (group_vars/gpu.yml:1): set for group gpu" in out, out[-3000:]
+    assert "ansible_ssh_host (host_vars/gpu01/conn.yml:1)" in out, out[-3000:]
+    (inv / "group_vars" / "gpu.yml").unlink()
+    (inv / "host_vars" / "gpu01" / "conn.yml").unlink()
+    r = subprocess.run([*run, "-e", "some_other_var=1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

@@ -104,7 +104,7 @@ def check_files(source: str | os.PathLike, decrypt: vault.Decrypt | None = None)
         raise InventoryError(scan.problems)
 
 
-def load_located(source: str | os.PathLike, extra_vars: tuple[str, ...] = ()
+def load_located(source: str | os.PathLike, extra_vars: tuple[str, ...] = (), loader=None
                  ) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]], dict[str, str]]:
     """load_hostvars, and where each pdstack value is set ({variable path: "file:line"}).
 
@@ -114,7 +114,9 @@ def load_located(source: str | os.PathLike, extra_vars: tuple[str, ...] = ()
     (load/origins.py). Before Ansible opens anything, every file is linted strictly (files.scan_inventory: duplicate
     keys, aliases, explicit tags, YAML 1.1 traps, templates, a variable set in two files, fifos, size; it produces no
     value), and afterwards every file Ansible's loader read must be one the lint read. Nothing is templated: the one
-    allowed form ({{ inventory_dir }}/<path>) is resolved by yamlsafe, no Jinja runs."""
+    allowed form ({{ inventory_dir }}/<path>) is resolved by yamlsafe, no Jinja runs. `loader`: a fresh DataLoader
+    holding the run's vault secrets (the preflight role's action plugin); by default the secrets Ansible's
+    configuration names (load/vault.py)."""
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.vars.manager import VariableManager
@@ -128,7 +130,7 @@ def load_located(source: str | os.PathLike, extra_vars: tuple[str, ...] = ()
     bad = sources.config_problems() + sources.tree_problems(src)  # before anything reads it
     if bad:
         raise InventoryError(bad)
-    loader = vault.loader()  # with the vault secrets Ansible's configuration names
+    loader = loader or vault.loader()  # with the vault secrets Ansible's configuration names
     scan = files.scan_inventory(src, (*ROLE_PORT_VARS, "ansible_host"), vault.decrypter(loader))  # read these too
     extra_problems, extra_origins = extra_reader.check(extra_vars)
     if scan.problems or extra_problems:
@@ -152,7 +154,7 @@ def load_located(source: str | os.PathLike, extra_vars: tuple[str, ...] = ()
                 hv["ansible_host"] = str(raw["ansible_host"])
             hostvars[host.name] = hv
             defs = origins.definitions(inv, host, places, lambda k: str(k).startswith("pdstack_")
-                                       or k in (*ROLE_PORT_VARS, "ansible_host"))
+                                       or k in (*ROLE_PORT_VARS, "ansible_host", "ansible_ssh_host"))
             for k, v in wanted.items():
                 path = f"host_vars/{host.name}.{k}" if k in HOST_LEVEL else k
                 if k in HOST_LEVEL or len(hostvars) == 1:
@@ -161,6 +163,12 @@ def load_located(source: str | os.PathLike, extra_vars: tuple[str, ...] = ()
                         locations[path] = extra_origins[k]
                     elif k in defs:
                         locations[path] = defs[k][-1][1]  # the key's line in the file that won
+            if "ansible_ssh_host" in raw:  # the ssh plugin reads it after ansible_host: it would win
+                where = (defs.get("ansible_ssh_host") or [(None, "an extra var")])[-1][1]
+                shadowed.append(f"ansible_ssh_host ({where}): Ansible's ssh connection reads it after ansible_host, "
+                                f"so host {host.name} would be deployed at {raw['ansible_ssh_host']} while pdstack "
+                                "renders the address other hosts reach it at from ansible_host/pdstack_address; "
+                                "set ansible_host instead and remove it")
             shadowed.extend(origins.shadowing({k: d for k, d in defs.items() if k not in extra_origins}, host.name,
                                               set(TOP_LEVEL), {*HOST_LEVEL, "ansible_host"}))
         groups = {g: [h.name for h in inv.groups[g].get_hosts()] for g in inv.groups}
@@ -183,14 +191,14 @@ def _variable_manager(loader, inv, cls, extra_vars: tuple[str, ...]):
     from ansible.module_utils.common.collections import ImmutableDict
     from ansible.utils import vars as ansible_vars
 
-    saved = context.CLIARGS
+    saved, memo = context.CLIARGS, getattr(ansible_vars.load_extra_vars, "extra_vars", None)
     context.CLIARGS = ImmutableDict({**dict(saved), "extra_vars": tuple(extra_vars)})
     ansible_vars.load_extra_vars.extra_vars = {}  # it memoises the first -e set it reads, process-wide
     try:
         return cls(loader=loader, inventory=inv)
-    finally:
+    finally:  # as it was (inside ansible-playbook: the run's own)
         context.CLIARGS = saved
-        ansible_vars.load_extra_vars.extra_vars = {}
+        ansible_vars.load_extra_vars.extra_vars = memo
 
 
 def _resolve(value: Any, inventory_dir: str) -> Any:

@@ -2,9 +2,11 @@
 
 It runs in the controller's ansible-playbook process, where Ansible keeps the raw command line
 (ansible.context.CLIARGS) and the vault secrets it was given (the play's loader): the -e extra vars
-(pdstack/controller/load/extra_vars.py) and every file of the inventory (load/inventory.py check_files, files
-encrypted whole with ansible-vault decrypted with those secrets). It changes nothing and never prints a value.
-Argument: inventory (the inventory directory this run checks)."""
+(pdstack/controller/load/extra_vars.py), then the inventory as `pdstack plan` reads it (load/inventory.py
+load_located: every file linted strictly, files encrypted whole decrypted with those secrets, the values read by
+Ansible's own loading with these -e values, shadowing, the ssh address alias and every file Ansible read proven
+linted). It changes nothing and never prints a value. Argument: inventory (the inventory directory this run
+checks)."""
 
 from __future__ import annotations
 
@@ -17,15 +19,21 @@ class ActionModule(ActionBase):
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
-        from pdstack.controller.load import extra_vars, inventory, vault
+        from pdstack.controller.load import extra_vars, inventory
         from pdstack.errors import InventoryError
 
         result = super().run(tmp, task_vars)
-        problems, origins = extra_vars.check(list(context.CLIARGS.get("extra_vars") or ()))
-        try:
-            inventory.check_files(self._task.args["inventory"], decrypt=vault.decrypter(self._loader))
-        except InventoryError as e:
-            problems += e.problems
+        raw = tuple(context.CLIARGS.get("extra_vars") or ())
+        problems, origins = extra_vars.check(list(raw))
+        if not problems:
+            from ansible.parsing.dataloader import DataLoader
+
+            loader = DataLoader()  # the run's vault secrets, and nothing of the play's loader's state
+            loader.set_vault_secrets(self._loader._vault.secrets)
+            try:
+                inventory.load_located(self._task.args["inventory"], raw, loader)
+            except InventoryError as e:
+                problems += e.problems
         result.update(changed=False, origins=origins)
         if problems:
             result.update(failed=True, msg="\n".join(f"- {p}" for p in problems))
