@@ -548,8 +548,8 @@ def test_the_deploy_path_refuses_a_lookup_before_ansible_templates_it(tmp_path: 
     r = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "playbooks/preflight.yml", "-i",
                         str(inv)], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode != 0, r.stdout[-2000:]
-    assert "read the inventory and the -e extra vars as pdstack plan does" in r.stdout and "pdstack_model.served_name" in r.stdout, \
-        r.stdout[-3000:]
+    assert "read the inventory and the -e extra vars as pdstack plan does" in r.stdout, r.stdout[-3000:]
+    assert "pdstack_model.served_name" in r.stdout, r.stdout[-3000:]
     assert "template" in r.stdout.lower(), r.stdout[-3000:]
     assert not marker.exists(), "the lookup ran on the controller"
     assert "resolved pdstack variables" not in r.stdout  # it stopped before Ansible templated anything
