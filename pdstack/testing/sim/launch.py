@@ -32,6 +32,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _answers(port: int) -> bool:
+    """Something accepts connections on loopback `port`."""
+    try:
+        with socket.create_connection((LOCALHOST, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (local URLs only)
@@ -213,8 +222,16 @@ class FrontDoorProcess(ManagedProcess):
     HAPROXY = "/usr/sbin/haproxy"
 
     def __init__(self, router: RouterProcess, log_dir: Path, api_key: str | None = None, **settings):
+        self._router, self._log_dir, self._api_key, self._settings = router, Path(log_dir), api_key, settings
+        self._configure()
+
+    def _configure(self) -> None:
+        """Pick two free ports and write the config for them. `noreuseport` (test stacks only): HAProxy binds with
+        SO_REUSEPORT by default, so a port another loopback stack of the same run picked would be shared silently;
+        without it the second bind fails and start() picks again."""
         from pdstack.controller.render import frontdoor
 
+        router, log_dir, api_key, settings = self._router, self._log_dir, self._api_key, self._settings
         self.port, self.metrics_port = free_port(), free_port()
         self.fd = {"bind": LOCALHOST, "port": self.port, "backend_address": LOCALHOST,
                    "backend_port": router.port, "max_concurrent_requests": 8, "queue_size": 16,
@@ -234,17 +251,18 @@ class FrontDoorProcess(ManagedProcess):
         # a short directory of its own: a unix socket path must stay under 108 bytes (pytest's tmp paths are long)
         self._socket_dir = Path(tempfile.mkdtemp(prefix="pdstack-haproxy-"))
         self.socket_path = self._socket_dir / "admin.sock"
-        self.config_path.write_text(frontdoor.haproxy_config(self.fd, log="stdout format raw local0",
-                                                             stats_socket=str(self.socket_path),
-                                                             api_key_file=str(key_file) if key_file else None,
-                                                             maintenance_file=str(self.maintenance_file)))
+        text = frontdoor.haproxy_config(self.fd, log="stdout format raw local0", stats_socket=str(self.socket_path),
+                                        api_key_file=str(key_file) if key_file else None,
+                                        maintenance_file=str(self.maintenance_file))
+        assert "\nglobal\n" in text, text[:200]
+        self.config_path.write_text(text.replace("\nglobal\n", "\nglobal\n    noreuseport\n", 1))
         if not Path(self.HAPROXY).exists():
             raise PdstackError(f"{self.HAPROXY} not found: apt-get install haproxy (./dev.sh setup does)")
         check = subprocess.run([self.HAPROXY, "-c", "-f", str(self.config_path)], capture_output=True, text=True)
         if check.returncode != 0:
             raise PdstackError(f"haproxy -c rejects {self.config_path}:\n{check.stdout}{check.stderr}")
-        super().__init__(f"haproxy:{self.port}", [self.HAPROXY, "-W", "-db", "-f", str(self.config_path)],
-                         Path(log_dir) / f"haproxy-{self.port}.log")
+        ManagedProcess.__init__(self, f"haproxy:{self.port}", [self.HAPROXY, "-W", "-db", "-f", str(self.config_path)],
+                                log_dir / f"haproxy-{self.port}.log")
 
     @property
     def url(self) -> str:
@@ -254,9 +272,17 @@ class FrontDoorProcess(ManagedProcess):
     def metrics_url(self) -> str:
         return f"http://{LOCALHOST}:{self.metrics_port}/metrics"
 
-    def start(self, timeout: float = 10.0) -> FrontDoorProcess:
-        """Returns once HAProxy answers and counts the router as UP; stops it before raising otherwise."""
+    def start(self, timeout: float = 10.0, attempts: int = 3) -> FrontDoorProcess:
+        """Returns once HAProxy answers and counts the router as UP; stops it before raising otherwise. A port
+        another process took between free_port() and HAProxy's bind is picked again (up to `attempts` times)."""
         super().start()
+        deadline = time.monotonic() + 3
+        while self.alive() and time.monotonic() < deadline and not _answers(self.metrics_port):
+            time.sleep(0.05)
+        if not self.alive() and "cannot bind socket" in self.log_tail() and attempts > 1:
+            self.stop()
+            self._configure()
+            return self.start(timeout, attempts - 1)
         try:
             self.wait_http(f"http://{LOCALHOST}:{self.metrics_port}/health", timeout)
             # the router is a server HAProxy health-checks (rise 1, every 2 s): wait until it is up
