@@ -64,13 +64,21 @@ def test_a_stock_box_wants_the_models_defaults_and_waits_for_a_reboot(tmp_path):
     assert not any("REBOOT NEEDED" in x for x in p.warnings)  # stop: the host role stops; no serving to warn about
     text = render_text(p)
     assert "host gpu01: PCIe settings for RTX PRO 6000 Blackwell (reboot policy stop)" in text
-    assert "pending reboot: kernel argument pcie_aspm=off" in text
+    assert "  waiting for a reboot: kernel argument pcie_aspm=off" in text and "  in force: none" in text
     assert planner.schema_problems(p.to_dict()) == []
 
 
 def test_after_the_reboot_everything_is_in_force_and_the_rendered_state_is_the_same(tmp_path):
     dep = dep_with(tmp_path)
-    before, after = plan_of(dep, STOCK).host_settings["gpu01"], plan_of(dep, tuned()).host_settings["gpu01"]
+    rebooted = plan_of(dep, tuned())
+    before, after = plan_of(dep, STOCK).host_settings["gpu01"], rebooted.host_settings["gpu01"]
+    # the deploy summary (the plan's text) says per host what is in force and that nothing waits
+    text = render_text(rebooted).splitlines()
+    at = text.index("host gpu01: PCIe settings for RTX PRO 6000 Blackwell (reboot policy stop): kernel pcie_aspm=off "
+                    f"pcie_port_pm=off iommu=pt; ACS off on {', '.join(ROOT_PORTS)}; driver branch 580")
+    assert text[at + 1].startswith("  in force: kernel argument pcie_aspm=off; kernel argument pcie_port_pm=off; "
+                                   "kernel argument iommu=pt; ACS off on ") and "persistence mode on" in text[at + 1]
+    assert text[at + 2] == "  waiting for a reboot: none"
     assert after["pending_reboot"] == [] and after["applied_now"] == []
     assert "kernel argument iommu=pt" in after["in_force"] and "persistence mode on" in after["in_force"]
     assert "options nvidia_uvm uvm_disable_hmm=1" in after["in_force"] and after["unknown"] == []

@@ -12,6 +12,7 @@ import pytest
 from pdstack.controller import pipeline
 from pdstack.controller.load import inventory
 from pdstack.controller.plan import p2p_plan
+from pdstack.controller.plan.text import render_text
 from pdstack.image import p2p
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +42,18 @@ def test_the_reference_plan_measures_each_tp_group_and_prefill_to_decode():
     assert [(g["server"], g["gpus"], g["floor_gbs"]) for g in gate["groups"]] == [
         ("prefill-0", [0, 1, 2, 3], 43.2), ("decode-0", [4, 5, 6, 7], 43.2)]
     assert "rtx6kpro" in gate["source"] and gate["margin"] == 0.8
+
+
+def test_the_plan_text_and_so_the_deploy_summary_names_each_hosts_gate():
+    dep = inventory.load(ROOT / "inventory/production")
+    text = render_text(pipeline.make_plan(dep, pipeline.load_facts(TOPO / "reference-2node-8gpu.json",
+                                                                    list(dep.hosts))))
+    assert "host gpu01: P2P gate before the servers start: 16 GPU pair(s) over GPUs 0,1,2,3,4,5,6,7, 2 all-reduce " \
+        "group(s); floors 43.2 GB/s one NUMA node, 31.2 GB/s across NUMA nodes" in text.splitlines()
+    dep = inventory.load(ROOT / "inventory/local")
+    text = render_text(pipeline.make_plan(dep, pipeline.load_facts(TOPO / "single-node-4gpu.json", list(dep.hosts))))
+    assert "host pdstack-local-1: P2P gate: skipped (the sim test engine uses no GPU, nothing to measure: the gate " \
+        "runs with the sglang engine)" in text.splitlines()
 
 
 def test_floors_follow_each_gpus_recorded_numa_node():

@@ -105,4 +105,5 @@ def test_the_gate_runs_the_plans_gpus_passes_or_fails_naming_the_pair_and_skips_
     sim = gate_of("inventory/local", "single-node-4gpu.json")
     p, r = play(tmp_path, sim, ps="should not be read")
     assert r["failed"] == 0 and r["changed"] == 0, p.stdout
-    assert "localhost: P2P gate skipped: the sim test engine uses no GPU: nothing to measure" in p.stdout
+    assert ("localhost: P2P gate skipped: the sim test engine uses no GPU, nothing to measure: the gate runs with the "
+            "sglang engine") in p.stdout

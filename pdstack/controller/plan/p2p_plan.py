@@ -77,7 +77,7 @@ def host_gate(servers: list[dict[str, Any]], facts: dict, engine: str) -> dict[s
             add(a, b, f"KV transfer {p['name']} -> {d['name']}")
     devices = sorted({g for s in servers for g in s["gpus"]})
     if engine != "sglang":
-        reason = f"the {engine} test engine uses no GPU: nothing to measure (the gate runs with the sglang engine)"
+        reason = f"the {engine} test engine uses no GPU, nothing to measure: the gate runs with the sglang engine"
     elif not servers:
         reason = "no server on this host"
     elif not pairs:
