@@ -134,9 +134,13 @@ def test_preflight_refuses_what_cannot_work_with_the_fix(tmp_path, host, mutate,
     assert all(w in msg for w in words), msg
 
 
-def test_a_translating_iommu_the_drop_in_fixes_is_a_pending_reboot_not_a_refusal(tmp_path):
-    w = plan_of(dep_with(tmp_path), _facts(lambda h: h.update(iommu="translated"))).host_settings["gpu01"]
-    assert w["pending_reboot"] == []  # the command line already has iommu=pt here: the firmware decides
+def test_a_translating_iommu_the_drop_in_fixes_is_a_pending_reboot_one_it_cannot_is_refused(tmp_path):
+    # iommu=pt is already on the running command line and the GPUs still translate: no reboot helps
+    with pytest.raises(InventoryError) as e:
+        plan_of(dep_with(tmp_path), _facts(lambda h: h.update(iommu="translated")))
+    assert all(w in str(e.value) for w in ("host gpu01: the IOMMU translates the GPUs' DMA", "iommu_group/type",
+                                           "running kernel command line has iommu=pt: a reboot will not change it",
+                                           "switch the IOMMU off in the firmware")), str(e.value)
     p = plan_of(dep_with(tmp_path / "s"), STOCK)  # the stock box: translating, iommu=pt not yet on the command line
     assert any("iommu=pt" in x for x in p.host_settings["gpu01"]["pending_reboot"])
 
