@@ -101,15 +101,16 @@ def test_a_pair_or_group_under_its_floor_fails_naming_the_gpus_and_numbers():
     pairs[-1]["gbs_ab"] = 30.0  # GPU 3 -> GPU 7, across nodes: floor 31.2
     groups[1]["busbw_gbs"] = 20.0
     assert p2p.judge(pairs, groups) == [
-        "GPU 0 <- GPU 2 (TP group of prefill-0): 12.3 GB/s, under its floor 43.2 GB/s (one NUMA node)",
-        "GPU 3 -> GPU 7 (KV transfer prefill-0 -> decode-0): 30.0 GB/s, under its floor 31.2 GB/s (across NUMA nodes)",
-        "all-reduce over GPUs [4, 5, 6, 7] (decode-0): bus bandwidth 20.0 GB/s, under its floor 43.2 GB/s"]
+        "GPU 0 <- GPU 2 (TP group of prefill-0): 12.30 GB/s, under its floor 43.20 GB/s (one NUMA node)",
+        "GPU 3 -> GPU 7 (KV transfer prefill-0 -> decode-0): 30.00 GB/s, under its floor 31.20 GB/s "
+        "(across NUMA nodes)",
+        "all-reduce over GPUs [4, 5, 6, 7] (decode-0): bus bandwidth 20.00 GB/s, under its floor 43.20 GB/s"]
     # exactly at the floor passes; just under fails
     pairs, groups = measured(reference_gate(), 43.2, 31.2, 43.2)
     assert p2p.judge(pairs, groups) == []
     pairs[0]["gbs_ab"] = 43.19
     assert p2p.judge(pairs, groups) == [
-        "GPU 0 -> GPU 1 (TP group of prefill-0): 43.2 GB/s, under its floor 43.2 GB/s (one NUMA node)"]
+        "GPU 0 -> GPU 1 (TP group of prefill-0): 43.19 GB/s, under its floor 43.20 GB/s (one NUMA node)"]
 
 
 def test_the_report_names_every_pair_then_the_verdict():
@@ -119,7 +120,7 @@ def test_the_report_names_every_pair_then_the_verdict():
     lines = p2p.report(out).splitlines()
     assert lines[0] == "GPU 0 <-> GPU 1 (TP group of prefill-0, one NUMA node): 55.0 / 55.0 GB/s, floor 43.2"
     assert "all-reduce [0, 1, 2, 3] (prefill-0): bus bandwidth 50.0 GB/s, floor 43.2" in lines
-    assert lines[-1] == ("FAIL GPU 1 -> GPU 3 (TP group of prefill-0): 9.5 GB/s, under its floor 43.2 GB/s "
+    assert lines[-1] == ("FAIL GPU 1 -> GPU 3 (TP group of prefill-0): 9.50 GB/s, under its floor 43.20 GB/s "
                          "(one NUMA node)")
     assert p2p.report({"error": "no CUDA"}) == "P2P gate could not measure: no CUDA"
 

@@ -88,7 +88,7 @@ def test_the_gate_runs_the_plans_gpus_passes_or_fails_naming_the_pair_and_skips_
     p, r = play(tmp_path, gate, run=result(gate, {(2, 6): 20.5}), rc=1)
     assert r["failed"] == 1, p.stdout
     assert "the P2P gate failed, the servers do not start: GPU 2 -> GPU 6 (KV transfer prefill-0 -> decode-0): " \
-        "20.5 GB/s, under its floor 31.2 GB/s (across NUMA nodes)" in p.stdout
+        "20.50 GB/s, under its floor 31.20 GB/s (across NUMA nodes)" in p.stdout
     # p2p.py gave no result (misuse, a crash): the exit status is in the message
     (tmp_path / "run.argv").unlink()
     p, r = play(tmp_path, gate, run=None, rc=2)

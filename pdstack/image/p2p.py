@@ -33,12 +33,12 @@ def judge(pairs: list[dict[str, Any]], groups: list[dict[str, Any]]) -> list[str
     for p in pairs:
         for d, key in (("->", "gbs_ab"), ("<-", "gbs_ba")):
             if p.get(key) is not None and p[key] < p["floor_gbs"]:
-                out.append(f"GPU {p['a']} {d} GPU {p['b']} ({p['why']}): {p[key]:.1f} GB/s, under its floor "
-                           f"{p['floor_gbs']:.1f} GB/s ({p['placement']})")
+                out.append(f"GPU {p['a']} {d} GPU {p['b']} ({p['why']}): {p[key]:.2f} GB/s, under its floor "
+                           f"{p['floor_gbs']:.2f} GB/s ({p['placement']})")
     for g in groups:
         if g.get("busbw_gbs") is not None and g["busbw_gbs"] < g["floor_gbs"]:
-            out.append(f"all-reduce over GPUs {g['gpus']} ({g['server']}): bus bandwidth {g['busbw_gbs']:.1f} GB/s, "
-                       f"under its floor {g['floor_gbs']:.1f} GB/s")
+            out.append(f"all-reduce over GPUs {g['gpus']} ({g['server']}): bus bandwidth {g['busbw_gbs']:.2f} GB/s, "
+                       f"under its floor {g['floor_gbs']:.2f} GB/s")
     return out
 
 
