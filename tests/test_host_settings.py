@@ -64,13 +64,21 @@ def test_a_stock_box_wants_the_models_defaults_and_waits_for_a_reboot(tmp_path):
     assert not any("REBOOT NEEDED" in x for x in p.warnings)  # stop: the host role stops; no serving to warn about
     text = render_text(p)
     assert "host gpu01: PCIe settings for RTX PRO 6000 Blackwell (reboot policy stop)" in text
-    assert "pending reboot: kernel argument pcie_aspm=off" in text
+    assert "  waiting for a reboot: kernel argument pcie_aspm=off" in text and "  in force: none" in text
     assert planner.schema_problems(p.to_dict()) == []
 
 
 def test_after_the_reboot_everything_is_in_force_and_the_rendered_state_is_the_same(tmp_path):
     dep = dep_with(tmp_path)
-    before, after = plan_of(dep, STOCK).host_settings["gpu01"], plan_of(dep, tuned()).host_settings["gpu01"]
+    rebooted = plan_of(dep, tuned())
+    before, after = plan_of(dep, STOCK).host_settings["gpu01"], rebooted.host_settings["gpu01"]
+    # the deploy summary (the plan's text) says per host what is in force and that nothing waits
+    text = render_text(rebooted).splitlines()
+    at = text.index("host gpu01: PCIe settings for RTX PRO 6000 Blackwell (reboot policy stop): kernel pcie_aspm=off "
+                    f"pcie_port_pm=off iommu=pt; ACS off on {', '.join(ROOT_PORTS)}; driver branch 580")
+    assert text[at + 1].startswith("  in force: kernel argument pcie_aspm=off; kernel argument pcie_port_pm=off; "
+                                   "kernel argument iommu=pt; ACS off on ") and "persistence mode on" in text[at + 1]
+    assert text[at + 2] == "  waiting for a reboot: none"
     assert after["pending_reboot"] == [] and after["applied_now"] == []
     assert "kernel argument iommu=pt" in after["in_force"] and "persistence mode on" in after["in_force"]
     assert "options nvidia_uvm uvm_disable_hmm=1" in after["in_force"] and after["unknown"] == []
@@ -126,9 +134,13 @@ def test_preflight_refuses_what_cannot_work_with_the_fix(tmp_path, host, mutate,
     assert all(w in msg for w in words), msg
 
 
-def test_a_translating_iommu_the_drop_in_fixes_is_a_pending_reboot_not_a_refusal(tmp_path):
-    w = plan_of(dep_with(tmp_path), _facts(lambda h: h.update(iommu="translated"))).host_settings["gpu01"]
-    assert w["pending_reboot"] == []  # the command line already has iommu=pt here: the firmware decides
+def test_a_translating_iommu_the_drop_in_fixes_is_a_pending_reboot_one_it_cannot_is_refused(tmp_path):
+    # iommu=pt is already on the running command line and the GPUs still translate: no reboot helps
+    with pytest.raises(InventoryError) as e:
+        plan_of(dep_with(tmp_path), _facts(lambda h: h.update(iommu="translated")))
+    assert all(w in str(e.value) for w in ("host gpu01: the IOMMU translates the GPUs' DMA", "iommu_group/type",
+                                           "running kernel command line has iommu=pt: a reboot will not change it",
+                                           "switch the IOMMU off in the firmware")), str(e.value)
     p = plan_of(dep_with(tmp_path / "s"), STOCK)  # the stock box: translating, iommu=pt not yet on the command line
     assert any("iommu=pt" in x for x in p.host_settings["gpu01"]["pending_reboot"])
 

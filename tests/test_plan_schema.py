@@ -79,7 +79,7 @@ def _schema_has(path: list[str]) -> bool:
 
 
 # <role>_plan (each role's input, defaulting to the preflight role's output) and preflight_plan itself
-PLAN_READ = re.compile(r"\b(?:[a-z]+_plan|preflight_plan)((?:\.[a-z_]+)+)")
+PLAN_READ = re.compile(r"\b(?:[a-z]+_plan|preflight_plan)((?:\.[a-z][a-z0-9_]*)+)")
 
 
 def test_every_plan_field_the_roles_read_is_in_the_schema():

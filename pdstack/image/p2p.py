@@ -1,77 +1,60 @@
-"""The P2P gate for a GPU host, run inside the serving image before serving: copy bandwidth between the GPU pairs
-the plan uses (within each TP group, and each prefill GPU to its decode counterpart) and an all-reduce in each TP
-group, against floors from the recorded topology; a pair under its floor fails, naming the two GPUs and the numbers.
+"""The P2P gate for a GPU host, run inside the serving image before its servers start: copy bandwidth both ways
+between the GPU pairs the plan uses (within each TP group, and each prefill GPU to its decode counterpart) and an
+NCCL all-reduce in each TP group, against the floors the plan carries; a pair under its floor fails, naming the two
+GPUs and the numbers.
 
-    python3 -m pdstack.image.p2p --plan /etc/pdstack/plan.json [--json]     the gate (exit 0 pass, 1 fail, 2 misuse)
-    python3 -m pdstack.image.p2p --self-test [--json]                      one GPU: its own device-to-device copy
+    python3 -m pdstack.image.p2p --gate /etc/pdstack/p2p.json [--json]   the gate (exit 0 pass, 1 fail, 2 misuse)
+    python3 -m pdstack.image.p2p --self-test [--json]                   one GPU: its own device-to-device copy
 
-In the serving image it is /opt/pdstack/tools/pdstack/image/p2p.py (PYTHONPATH=/opt/pdstack/tools; the build
-context carries it, pdstack/controller/imagebuild/inputs.py PROD_TOOLS). No role runs it yet: the serving phase's
-call on GPU hosts waits for one to try it on.
+The gate file is this host's plan.p2p entry (pdstack/controller/plan/p2p_plan.py computes the pairs, groups and
+floors from the recorded topology; roles/serving/tasks/p2p.yml writes it and runs this with `docker run
+--gpus "device=<devices>"`). GPU numbers are the host's (nvidia-smi's): inside the container the gate's `devices`
+are CUDA ordinals 0.. in that order (CUDA_DEVICE_ORDER=PCI_BUS_ID, which is nvidia-smi's order).
 
-Floors (docs/facts.md#pcie-host-settings): on 8x RTX PRO 6000 Blackwell PCIe boxes others measured about 54-56 GB/s
-between GPUs of one NUMA node and 39-51 GB/s across nodes (local-inference-lab/rtx6kpro, hardware/pcie-bandwidth.md);
-a pair passes at `--margin` (0.8) of the low end: 43.2 GB/s within a node, 31.2 across. The all-reduce's bus
-bandwidth (size * 2(n-1)/n / time, NCCL's busbw) must reach the margin of the slowest link in its group.
-Only torch is needed (the serving image has it); torch is imported when a measurement runs, so the pairs and
-verdicts are testable without a GPU.
+In the serving image it is /opt/pdstack/tools/pdstack/image/p2p.py (PYTHONPATH=/opt/pdstack/tools; the build context
+carries it, pdstack/controller/imagebuild/inputs.py PROD_TOOLS). Only torch is needed (the image has it), imported when
+a measurement runs, so the verdicts are testable without a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from typing import Any
 
-SAME_NODE_GBS, CROSS_NODE_GBS = 54.0, 39.0  # the low ends of the published ranges (see the docstring)
-MARGIN = 0.8
 GB = 1e9
 
 
-def floor_gbs(node_a: int, node_b: int, margin: float = MARGIN) -> float:
-    return round(margin * (SAME_NODE_GBS if node_a == node_b else CROSS_NODE_GBS), 2)
-
-
-def pairs_from_plan(plan: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(copy pairs, all-reduce groups) of this host's part of the plan. A pair: {a, b, node_a, node_b, why}; a
-    group: {server, gpus, nodes}. Within a TP group every pair; prefill to decode GPU by GPU in order."""
-    servers = plan.get("servers") or []
-    pairs, seen, groups = [], set(), []
-    for s in servers:
-        gpus, node = list(s["gpus"]), int(s["numa_node"])
-        groups.append({"server": s["name"], "gpus": gpus, "nodes": [node] * len(gpus)})
-        for a, b in itertools.combinations(gpus, 2):
-            if (a, b) not in seen:
-                seen.add((a, b))
-                pairs.append({"a": a, "b": b, "node_a": node, "node_b": node, "why": f"TP group of {s['name']}"})
-    for p, d in itertools.product([s for s in servers if s["role"] == "prefill"],
-                                  [s for s in servers if s["role"] == "decode"]):
-        for a, b in zip(p["gpus"], d["gpus"], strict=False):
-            if (min(a, b), max(a, b)) not in seen and a != b:
-                seen.add((min(a, b), max(a, b)))
-                pairs.append({"a": a, "b": b, "node_a": int(p["numa_node"]), "node_b": int(d["numa_node"]),
-                              "why": f"KV transfer {p['name']} -> {d['name']}"})
-    return pairs, groups
-
-
-def judge(pairs: list[dict[str, Any]], groups: list[dict[str, Any]], margin: float = MARGIN) -> list[str]:
-    """Every failure as one line naming the GPUs, the measured number and the floor. Needs pairs measured
-    (gbs_ab, gbs_ba) and groups measured (busbw_gbs)."""
+def judge(pairs: list[dict[str, Any]], groups: list[dict[str, Any]]) -> list[str]:
+    """Every failure as one line naming the GPUs, the measured number and the floor. Pairs carry their floor_gbs and
+    what was measured (gbs_ab: a -> b, gbs_ba: b -> a); groups their floor_gbs and busbw_gbs."""
     out = []
     for p in pairs:
-        floor = floor_gbs(p["node_a"], p["node_b"], margin)
         for d, key in (("->", "gbs_ab"), ("<-", "gbs_ba")):
-            if p.get(key) is not None and p[key] < floor:
-                out.append(f"GPU {p['a']} {d} GPU {p['b']} ({p['why']}): {p[key]:.1f} GB/s, under its floor "
-                           f"{floor:.1f} GB/s ({'one NUMA node' if p['node_a'] == p['node_b'] else 'across nodes'})")
+            if p.get(key) is not None and p[key] < p["floor_gbs"]:
+                out.append(f"GPU {p['a']} {d} GPU {p['b']} ({p['why']}): {p[key]:.2f} GB/s, under its floor "
+                           f"{p['floor_gbs']:.2f} GB/s ({p['placement']})")
     for g in groups:
-        floor = min((floor_gbs(a, b, margin) for a, b in itertools.combinations(g["nodes"], 2)), default=0.0)
-        if g.get("busbw_gbs") is not None and len(g["gpus"]) > 1 and g["busbw_gbs"] < floor:
-            out.append(f"all-reduce over GPUs {g['gpus']} ({g['server']}): bus bandwidth {g['busbw_gbs']:.1f} GB/s, "
-                       f"under its floor {floor:.1f} GB/s")
+        if g.get("busbw_gbs") is not None and g["busbw_gbs"] < g["floor_gbs"]:
+            out.append(f"all-reduce over GPUs {g['gpus']} ({g['server']}): bus bandwidth {g['busbw_gbs']:.2f} GB/s, "
+                       f"under its floor {g['floor_gbs']:.2f} GB/s")
     return out
+
+
+def check_gate(gate: Any, where: str) -> list[str]:
+    """What is wrong with a gate file (the plan's p2p entry of one host), each naming the field and the fix."""
+    if not isinstance(gate, dict):
+        return [f"{where}: not a JSON object; write this host's plan.p2p entry (pdstack plan --json)"]
+    bad = [f"{where}: {k} missing; regenerate it from the plan (the serving role writes it)"
+           for k in ("devices", "pairs", "groups") if not isinstance(gate.get(k), list)]
+    if bad:
+        return bad
+    used = {g for p in gate["pairs"] for g in (p.get("a"), p.get("b"))} | {g for x in gate["groups"]
+                                                                           for g in x.get("gpus", [])}
+    missing = sorted(used - set(gate["devices"]), key=str)
+    return [f"{where}: GPU(s) {missing} measured but not in devices {gate['devices']}; regenerate it from the plan"
+            ] if missing else []
 
 
 def _timed(torch: Any, fn: Any, device: int, iters: int) -> float:
@@ -110,18 +93,37 @@ def allreduce_busbw(torch: Any, gpus: list[int], nbytes: int, iters: int = 10) -
     return nbytes * 2 * (n - 1) / n / seconds / GB
 
 
-def measure(plan: dict[str, Any], nbytes: int, margin: float) -> dict[str, Any]:
+def measure(gate: dict[str, Any], nbytes: int) -> dict[str, Any]:
+    """Measure the gate's pairs both ways and its groups' all-reduce (host GPU numbers mapped to the container's
+    ordinals through gate["devices"]), then judge them against their floors."""
     import torch
 
-    pairs, groups = pairs_from_plan(plan)
+    ordinal = {g: i for i, g in enumerate(gate["devices"])}
+    if torch.cuda.device_count() < len(ordinal):
+        return {"error": f"the container sees {torch.cuda.device_count()} CUDA device(s), the gate needs "
+                         f"{len(ordinal)} (host GPUs {gate['devices']}): run it with --gpus \"device=...\" of them",
+                "passed": False}
+    pairs = [dict(p) for p in gate["pairs"]]
+    groups = [dict(g) for g in gate["groups"]]
     for p in pairs:
-        p["gbs_ab"] = round(copy_gbs(torch, p["a"], p["b"], nbytes), 2)
-        p["gbs_ba"] = round(copy_gbs(torch, p["b"], p["a"], nbytes), 2)
-        p["floor_gbs"] = floor_gbs(p["node_a"], p["node_b"], margin)
+        a, b = ordinal[p["a"]], ordinal[p["b"]]
+        p["gbs_ab"] = round(copy_gbs(torch, a, b, nbytes), 2)
+        p["gbs_ba"] = round(copy_gbs(torch, b, a, nbytes), 2)
     for g in groups:
-        g["busbw_gbs"] = round(allreduce_busbw(torch, g["gpus"], nbytes), 2) if len(g["gpus"]) > 1 else None
-    failures = judge(pairs, groups, margin)
+        g["busbw_gbs"] = round(allreduce_busbw(torch, [ordinal[x] for x in g["gpus"]], nbytes), 2)
+    failures = judge(pairs, groups)
     return {"pairs": pairs, "groups": groups, "failures": failures, "passed": not failures}
+
+
+def report(out: dict[str, Any]) -> str:
+    """The gate's result for people: one line per pair and group, then the failures or that it passed."""
+    if "error" in out:
+        return f"P2P gate could not measure: {out['error']}"
+    lines = [f"GPU {p['a']} <-> GPU {p['b']} ({p['why']}, {p['placement']}): {p['gbs_ab']:.1f} / {p['gbs_ba']:.1f} "
+             f"GB/s, floor {p['floor_gbs']:.1f}" for p in out["pairs"]]
+    lines += [f"all-reduce {g['gpus']} ({g['server']}): bus bandwidth {g['busbw_gbs']:.1f} GB/s, floor "
+              f"{g['floor_gbs']:.1f}" for g in out["groups"]]
+    return "\n".join(lines + ([f"FAIL {x}" for x in out["failures"]] or ["P2P gate passed"]))
 
 
 def self_test(nbytes: int) -> dict[str, Any]:
@@ -139,30 +141,27 @@ def self_test(nbytes: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m pdstack.image.p2p", description=__doc__.splitlines()[0])
-    ap.add_argument("--plan", help="this host's plan (/etc/pdstack/plan.json): its servers' GPUs and NUMA nodes")
+    ap.add_argument("--gate", help="this host's plan.p2p entry (/etc/pdstack/p2p.json): pairs, groups, floors")
     ap.add_argument("--self-test", action="store_true", help="one GPU: its own device-to-device copy bandwidth")
     ap.add_argument("--mib", type=int, default=256, help="buffer size per copy, MiB (default 256)")
-    ap.add_argument("--margin", type=float, default=MARGIN, help="fraction of the published low end a pair must reach")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     a = ap.parse_args(argv)
-    if not a.self_test and not a.plan:
-        ap.error("give --plan PLAN.json (the gate) or --self-test")
+    if not a.self_test and not a.gate:
+        ap.error("give --gate GATE.json (the gate) or --self-test")
     if a.self_test:
         out = self_test(a.mib * 2**20)
         print(json.dumps(out) if a.json else "\n".join(f"{k}: {v}" for k, v in out.items()))
         return 1 if "error" in out else 0
-    with open(a.plan) as f:
-        out = measure(json.load(f), a.mib * 2**20, a.margin)
-    if a.json:
-        print(json.dumps(out))
-    else:
-        for p in out["pairs"]:
-            print(f"GPU {p['a']} <-> GPU {p['b']} ({p['why']}): {p['gbs_ab']:.1f} / {p['gbs_ba']:.1f} GB/s, "
-                  f"floor {p['floor_gbs']:.1f}")
-        for g in out["groups"]:
-            if g["busbw_gbs"] is not None:
-                print(f"all-reduce {g['gpus']} ({g['server']}): bus bandwidth {g['busbw_gbs']:.1f} GB/s")
-        print("\n".join(f"FAIL {x}" for x in out["failures"]) or "P2P gate passed")
+    try:
+        with open(a.gate) as f:
+            gate = json.load(f)
+    except (OSError, ValueError) as e:
+        ap.error(f"--gate {a.gate}: {e}")
+    problems = check_gate(gate, a.gate)
+    if problems:
+        ap.error("; ".join(problems))
+    out = measure(gate, a.mib * 2**20)
+    print(json.dumps({**out, "report": report(out).splitlines()}) if a.json else report(out))
     return 0 if out["passed"] else 1
 
 

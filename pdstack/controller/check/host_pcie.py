@@ -4,9 +4,11 @@ work, and say per pdstack_host.reboot_policy what a reboot must bring first. Sou
 - a driver older than the branch wanted (at least 580: CUDA 13 on sm_120): refused;
 - a GPU whose BAR1 cannot map a peer's memory (the card's small-BAR mode, or Resizable BAR / Above 4G decoding off
   in firmware): refused, nothing on the host can change it;
-- the IOMMU translating DMA (NCCL P2P deadlocks): with iommu=pt among the wanted kernel arguments it is a pending
-  reboot (the plan says so; the host role writes the drop-in, then stops before serving or warns, as
-  pdstack_host.reboot_policy says); without it, refused;
+- the IOMMU translating DMA (NCCL P2P deadlocks): with iommu=pt among the wanted kernel arguments and not yet on the
+  running command line it is a pending reboot (the plan says so; the host role writes the drop-in, then stops before
+  serving or warns, as pdstack_host.reboot_policy says; under warn the serving phase's P2P gate then fails or is
+  killed before the servers start); without it, refused; with it already running and the GPUs still translated
+  (no reboot changes that), refused;
 - ACS on above a GPU while pdstack_host.acs_off is false: refused (all-reduce deadlocks).
 """
 
@@ -42,6 +44,15 @@ def pcie_problems(dep: Deployment, host: str, facts: dict, p: list[str]) -> None
         p.append(f"host {host}: the IOMMU translates the GPUs' DMA, which blocks (deadlocks) NCCL P2P, and "
                  f"{var} kernel_args has no iommu=pt: add iommu=pt (the {w['gpu_model']} default), or switch the "
                  "IOMMU off in the firmware")
+    running = [x.removeprefix("kernel argument ") for x in w["in_force"]
+               if x.startswith("kernel argument") and "iommu" in x]
+    if h.get("iommu") == "translated" and pt and running:
+        # the IOMMU argument is already on the running command line, yet the GPUs' IOMMU groups translate: no reboot
+        # changes that (not read, or not yet running: the plan says unknown or waiting for a reboot instead)
+        p.append(f"host {host}: the IOMMU translates the GPUs' DMA (their /sys/bus/pci/devices/<gpu>/iommu_group/type "
+                 "is DMA or DMA-FQ), which blocks (deadlocks) NCCL P2P, although the running kernel command line has "
+                 f"{', '.join(running)}: a reboot will not change it; switch the IOMMU off in the firmware, or find "
+                 "what else on the command line or in the kernel keeps those groups translated, then run again")
     if dep.host_settings.get("acs_off") is False:
         on = sorted({b["bdf"] for g in h.get("gpus") or [] for b in g.get("bridges") or [] if b.get("acs") == "on"})
         if on:

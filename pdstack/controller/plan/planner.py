@@ -19,6 +19,7 @@ from pdstack.controller.check import preflight
 from pdstack.controller.load import flags, host_settings, inventory, recall_grid, rules, variables
 from pdstack.controller.load.inventory import Deployment
 from pdstack.controller.plan import model as model_plan
+from pdstack.controller.plan import p2p_plan
 from pdstack.errors import InventoryError
 from pdstack.switches import (  # read by our SGLang patch series (kernels/patches) and SGLang
     PD_ENV,
@@ -130,6 +131,8 @@ class Plan:
     recall: dict[str, Any] | None = None
     # per host: the PCIe settings wanted, and which are in force or wait for a reboot (load/host_settings.py)
     host_settings: dict[str, Any] = field(default_factory=dict)
+    # per host: the P2P gate's GPU pairs, all-reduce groups and floors (plan/p2p_plan.py; roles/serving runs it)
+    p2p: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -439,6 +442,7 @@ def build_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fa
                        "needs": model_plan.host_needs(dep, facts)}, servers=servers, router=router,
                 monitoring_hosts=dep.monitoring_hosts, warnings=dep.warnings + host_settings.reboot_warnings(pcie),
                 host_settings=pcie,
+                p2p=p2p_plan.gate_plan(list(dep.hosts), [asdict(sp) for sp in servers], facts, dep.image["engine"]),
                 monitoring={"hosts": list(dep.monitoring_hosts),
                             "grafana": {"datasource_uid": DATASOURCE_UID, "folder": FOLDER},
                             **exporter_ports(dep)},

@@ -18,6 +18,16 @@ def recall_text(rc: dict) -> list[str]:
     return out
 
 
+def p2p_line(host: str, g: dict) -> str:
+    """The P2P gate of one host, for people: what it will measure against which floors, or why nothing."""
+    if not g["run"]:
+        return f"host {host}: P2P gate: skipped ({g['reason']})"
+    floors = sorted({(p["placement"], p["floor_gbs"]) for p in g["pairs"]}, key=lambda x: -x[1])
+    return (f"host {host}: P2P gate before the servers start: {len(g['pairs'])} GPU pair(s) over GPUs "
+            f"{','.join(map(str, g['devices']))}, {len(g['groups'])} all-reduce group(s); floors "
+            f"{', '.join(f'{f:g} GB/s {where}' for where, f in floors)}")
+
+
 def render_text(plan: Plan) -> str:
     """The plan for people."""
     out = [f"pdstack plan: {plan.inventory} ({plan.environment}, engine {plan.engine}"
@@ -66,9 +76,14 @@ def render_text(plan: Plan) -> str:
         out.append(f"host {h}: PCIe settings for {w['gpu_model']} (reboot policy {w['reboot_policy']}): kernel "
                    f"{' '.join(w['kernel_args']) or '-'}; ACS off on {', '.join(w['acs_bridges']) or 'no bridge'}; "
                    f"driver branch {w['driver_branch']}")
-        for state in ("in_force", "applied_now", "pending_reboot", "unknown"):
-            if w[state]:
-                out.append(f"  {state.replace('_', ' ')}: {'; '.join(w[state])}")
+        # in force and waiting for a reboot always (none, said), the other two where they hold anything
+        for state, label in (("in_force", "in force"), ("applied_now", "applied now"),
+                             ("pending_reboot", "waiting for a reboot"), ("unknown", "not read")):
+            if w[state] or state in ("in_force", "pending_reboot"):
+                out.append(f"  {label}: {'; '.join(w[state]) or 'none'}")
+    for h, g in sorted(plan.p2p.items()):
+        if g["devices"]:
+            out.append(p2p_line(h, g))
     out += [f"monitoring on {', '.join(plan.monitoring_hosts)}"]
     out += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(out)
