@@ -155,14 +155,16 @@ def _cmd(host: str, name: str) -> list[str]:
     return json.loads(r.stdout)
 
 
-def _units_ports_workers(host: str) -> tuple[list[str], list[str], list[str]]:
-    """What a tune run must leave as it found it: the server units, the listening ports, the router's workers."""
+def _units_ports_workers(host: str) -> tuple[list[str], list[str], list[str], list[str]]:
+    """What a tune run must leave as it found it: the server units, the listening ports, the router's workers, the
+    servers the watchdog probes."""
     units = sh(host, "sh", "-c", "ls /etc/systemd/system/ | grep '^pdstack-server-' | sort").stdout.split()
     ports = sorted(set(sh(host, "sh", "-c", "ss -ltnH | awk '{print $4}'").stdout.split()))
     r = sh(host, "python3", "-c", "import urllib.request; print(urllib.request.urlopen("
            "'http://127.0.0.1:8001/workers').read().decode())")
     workers = sorted(w["url"] for w in json.loads(r.stdout)["workers"])
-    return units, ports, workers
+    watched = sorted(s["unit"] for s in json.loads(sh(host, "cat", "/etc/pdstack/watchdog.json").stdout)["servers"])
+    return units, ports, workers, watched
 
 
 def test_tune_picks_the_fastest_that_recalls_skips_what_breaks_and_restores_the_plan(two_decode, tmp_path):

@@ -37,8 +37,9 @@ from pdstack.errors import InventoryError
 
 ROOT = smoke_settings.ROOT
 TAGS = "facts,serving"
-# a topology candidate (and the run after one) changes the worker list, the ports and the scrape targets too
-TOPOLOGY_TAGS = "facts,firewall,serving,router,frontdoor,monitoring"
+# a topology candidate (and the run after one) changes the worker list, the ports, the scrape targets and the
+# watchdog's server list too
+TOPOLOGY_TAGS = "facts,firewall,serving,router,frontdoor,monitoring,watchdog"
 
 
 def say(msg: str) -> None:

@@ -38,8 +38,6 @@ ANCHORS = [
     ("peer ladder TP2: full decode graphs", 1, 109.3, 109.3, "per-request decode"),
     ("peer ladder TP2: speculation + Marlin W4A16", 1, 202.7, 202.7, "per-request decode"),
 ]
-# (GPUs of the anchor) for the Pareto plot's per-GPU axis: label -> GPUs
-ANCHOR_GPUS = {"peer, TP4, no speculation": 4}
 COOKBOOK_SHAPE = (8192, 1024)
 COOKBOOK_CONCURRENCY = (1, 16, 64)
 
@@ -175,8 +173,9 @@ def pareto(results: dict[str, Any], out: Path) -> Path:
     if best:
         ax.step(*zip(*best, strict=True), where="post", color="black", alpha=0.4, label="Pareto front")
     for label, conc, lo, hi, what in ANCHORS:
-        if what == "per-request decode" and conc == 1:
-            gpus = 4 if "TP4" in label else 2 if "TP2" in label else 2
+        # C=1 figures of a known TP size and a narrow range (a before/after range is no one point)
+        if what == "per-request decode" and conc == 1 and ("TP4" in label or "TP2" in label) and hi <= 1.3 * lo:
+            gpus = 4 if "TP4" in label else 2
             mid = (lo + hi) / 2
             ax.scatter([1000.0 / mid], [mid / gpus], marker="x", color="grey")
             ax.annotate(label, (1000.0 / mid, mid / gpus), fontsize=6, color="grey")
