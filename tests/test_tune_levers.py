@@ -196,3 +196,20 @@ def test_per_gpu_and_goodput_and_the_cookbook_table_and_pareto(tmp_path):
     assert md.count("| fast | 8 |") == 3 and "| fast | 8 | 64 |" in md and "goodput (TPOT <= 50 ms)" in md
     png = report.pareto(res, tmp_path)
     assert png.stat().st_size > 1000
+
+
+def test_a_topology_winner_writes_its_server_list(tmp_path):
+    from pdstack.controller.load import tune_overlay
+
+    topo = _topology("one-decode-tp2")
+    overlay = {"name": "one-decode-tp2", "servers": {}, "topology": topo}
+    res = {"run": "r", "objective": "c1_decode_tps", "winner": "one-decode-tp2", "candidates": [
+        {"name": "baseline", "score": 64.0}, {"name": "one-decode-tp2", "score": 102.0, "overlay": overlay}]}
+    hv, _, _ = inventory.load_located(TWO)
+    merged, _ = tune_overlay.apply(overlay, hv, [])
+    d = report.winner_change(res, {h: v["pdstack_servers"] for h, v in merged.items()}, tmp_path)
+    import yaml
+    written = yaml.safe_load((d / "host_vars" / "pdstack-roll-1" / "servers.yml").read_text())["pdstack_servers"]
+    assert [(s["name"], s["gpus"], s["tp_size"]) for s in written] == [("prefill-0", [0], 1), ("decode-0", [1, 2], 2)]
+    assert "the server list replaced (topology): prefill-0 (prefill, GPUs [0], TP 1), decode-0 (decode, GPUs [1, 2], " \
+        "TP 2)" in (d / "CHANGE.md").read_text()

@@ -258,6 +258,10 @@ def winner_change(results: dict[str, Any], servers_by_host: dict[str, list[dict[
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(f"---\n# written by `invoke tune` ({results['run']}): candidate {win['name']}\n"
                      + yaml.safe_dump({"pdstack_servers": servers}, sort_keys=False, width=120))
+        if host in (win["overlay"].get("topology") or {}):
+            lines.append(f"- host_vars/{host}: the server list replaced (topology): "
+                         + ", ".join(f"{s['name']} ({s.get('role')}, GPUs {s.get('gpus')}, TP {s.get('tp_size')})"
+                                     for s in servers))
         for s in servers:
             for sel, change in win["overlay"]["servers"].items():
                 if sel in ("all", s.get("role"), s.get("name")):
