@@ -3,15 +3,20 @@
     1. Every candidate of the tune file is planned like an inventory (the inventory + its overlay as pdstack_tune,
        checked, planned and read back against the facts the last deploy recorded) before anything changes; the
        sweep is checked against the model's context and the front door's admission. One bad candidate: nothing runs.
-    2. "baseline": the deployment as it runs, measured first (recall gate, then the sweep).
+       The run's estimate on the real host (estimate.py) is printed before anything changes.
+    2. "baseline": the deployment as it runs, measured first (recall gate, accuracy gate, then the sweep).
     3. Each candidate: `ansible-playbook site.yml --tags facts,serving -e @overlay.json` (the rolling restart applies
-       it: drain, restart, probe, back in), then the recall gate (the smoke gate's grid and min_horizon; a candidate
-       that loses recall is disqualified and not swept), then the sweep (sweep.py: bench_serving's Rust client). A
-       candidate whose servers do not come up within start_timeout_s is recorded as failed to start, and skipped.
-    4. Always, also on Ctrl-C or a failure: the same playbook without the overlay restores the inventory's plan, and
-       the restored plan is compared with the one the run started from.
-    5. build/tune/<inventory>/<run>/: results.json, report.md, throughput.png, ttft.png, per candidate its
-       playbook log, recall.json + heatmap and bench_serving's JSONL; winner/ holds the host_vars change.
+       it: drain, restart, probe, back in; a topology candidate and the one after it also run the firewall, router,
+       front door, monitoring and watchdog phases: TOPOLOGY_TAGS), then the recall gate (the smoke gate's grid and
+       min_horizon; a candidate that loses recall is disqualified and not swept), then the accuracy gate
+       (gates/accuracy.py: measurably below the baseline is disqualified, not swept), then the sweep (sweep.py:
+       bench_serving's Rust client). A candidate whose servers do not come up within start_timeout_s is recorded as
+       failed to start, and skipped.
+    4. Always, also on Ctrl-C or a failure: the same playbook without the overlay (with TOPOLOGY_TAGS if a topology
+       ran) restores the inventory's plan, and the restored plan is compared with the one the run started from.
+    5. build/tune/<inventory>/<run>/: results.json, report.md, throughput.png, ttft.png, pareto.png, per candidate
+       its playbook log, recall.json + heatmap, accuracy.json and bench_serving's JSONL; winner/ holds the host_vars
+       change.
 """
 
 from __future__ import annotations

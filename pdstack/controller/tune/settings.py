@@ -14,11 +14,17 @@ typed by the same schema code as the inventory; every problem is listed with its
       min_prompts: 4
       warmup_prompts: 4               # C=1 requests first, not counted (peers read C=1 low right after graph capture)
       warmup_wait_s: 30
+    accuracy_max_drop: 0.05           # the accuracy gate: disqualified more than this below the baseline's score
+    goodput_tpot_ms: 50               # the report's goodput: requests with TPOT within this
+    restart_s: 600                    # the estimate: one restart with the weights load on the real host
     candidates:
       - name: upstream-recipe
         description: SGLang's cookbook cell for this GPU
+        source: sgl-project/sglang docs_new/src/snippets/configs/deepseek-ai/deepseek-v4.jsx
         servers:                      # pdstack_tune.servers: prefill | decode | all | a server name
           all: {extra_args: {moe-runner-backend: marlin}, env: {}}
+        topology: {gpu01: [...]}      # optional: the host's whole server list (pdstack_servers' schema)
+`--skip NAME` (the command line) leaves a candidate out; a name the file lacks is an error.
 """
 
 from __future__ import annotations
