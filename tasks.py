@@ -233,9 +233,10 @@ def status(c: Context, inventory: str = "", json: bool = False, watch: int = 0) 
 @task(help={"inventory": "inventory directory (default: ansible.cfg's, the local test host)",
             "tune_file": "the candidates (default: <inventory>.tune.yml)", "objective": "c1_decode_tps or "
             "aggregate_tps", "tpot_p99_ms_max": "aggregate_tps: the TPOT p99 bound (ms)",
-            "check": "only plan the candidates and check the sweep"})
+            "check": "only plan the candidates, check the sweep and print the run's estimate",
+            "skip": "a candidate to leave out, by name (repeatable)"}, iterable=["skip"])
 def tune(c: Context, inventory: str = "", tune_file: str = "", objective: str = "", tpot_p99_ms_max: float = 0,
-         check: bool = False) -> None:
+         check: bool = False, skip: list[str] | None = None) -> None:
     """Try the tune file's candidates on the running deployment (rolling restart, recall gate, SGLang's bench
     sweep), restore the plan, report the fastest that still recalls (`pdstack tune`; docs/tune.md)."""
     cmd = [PY, "-m", "pdstack", "tune", "-i", inventory or default_inventory()]
@@ -243,6 +244,7 @@ def tune(c: Context, inventory: str = "", tune_file: str = "", objective: str = 
     cmd += ["--objective", objective] if objective else []
     cmd += ["--tpot-p99-ms-max", str(tpot_p99_ms_max)] if tpot_p99_ms_max else []
     cmd += ["--check"] if check else []
+    cmd += [a for name in skip or [] for a in ("--skip", name)]
     with c.cd(str(ROOT)):
         r = c.run(shlex.join(cmd), echo=True, warn=True, pty=sys.stdout.isatty(), env=_env())
     if not r.ok:

@@ -155,43 +155,83 @@ def _cmd(host: str, name: str) -> list[str]:
     return json.loads(r.stdout)
 
 
+def _units_ports_workers(host: str) -> tuple[list[str], list[str], list[str], list[str]]:
+    """What a tune run must leave as it found it: the server units, the listening ports, the router's workers, the
+    servers the watchdog probes."""
+    units = sh(host, "sh", "-c", "ls /etc/systemd/system/ | grep '^pdstack-server-' | sort").stdout.split()
+    ports = sorted(set(sh(host, "sh", "-c", "ss -ltnH | awk '{print $4}'").stdout.split()))
+    r = sh(host, "python3", "-c", "import urllib.request; print(urllib.request.urlopen("
+           "'http://127.0.0.1:8001/workers').read().decode())")
+    workers = sorted(w["url"] for w in json.loads(r.stdout)["workers"])
+    watched = sorted(s["unit"] for s in json.loads(sh(host, "cat", "/etc/pdstack/watchdog.json").stdout)["servers"])
+    return units, ports, workers, watched
+
+
 def test_tune_picks_the_fastest_that_recalls_skips_what_breaks_and_restores_the_plan(two_decode, tmp_path):
     """`pdstack tune` (what `invoke tune` runs) with inventory/test/two-decode.tune.yml: each candidate applied by the
-    rolling restart, gated by recall, swept by SGLang's bench client through the front door. The sim's speed model
-    (pdstack/testing/sim/speed.py) makes fp8-kv the fastest and collapses its recall: disqualified, never swept;
-    greedy-memory never starts: recorded with its journal and skipped; upstream-recipe wins at the modelled speed;
-    then the inventory's plan runs again (the next test's second run also changes nothing). First in this file: the
+    rolling restart, gated by recall and by the accuracy gate, swept by SGLang's bench client through the front door.
+    The sim's speed model (pdstack/testing/sim/speed.py) makes fp8-kv fast and collapses its recall: disqualified,
+    never swept; greedy-memory never starts: recorded with its journal and skipped; spec-wrong-answers is the fastest
+    and keeps recall but answers the quiz worse: disqualified by accuracy; one-decode-tp2 (a topology candidate)
+    runs one TP2 decode where the inventory has two: decode-1's unit goes and the router serves one decode, at the
+    TP2 speed; upstream-recipe wins at the modelled speed; then the inventory's plan runs again with the exact units,
+    ports and router workers it had (the next test's second run also changes nothing). First in this file: the
     baseline is the inventory's plan, as the deploy left it."""
     host = "pdstack-roll-1"
     before = {n: _cmd(host, n) for n in ("prefill-0", "decode-0", "decode-1")}
+    found = _units_ports_workers(host)
+    assert "pdstack-server-decode-1.service" in found[0] and len(found[2]) == 3, found
     out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "pdstack", "tune", "-i", str(TWO), "--out", str(out), "--skip",
+                        "greedy-memory-not-here"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"})
+    assert r.returncode == 2 and "--skip greedy-memory-not-here: no such candidate" in r.stderr + r.stdout, r
     r = subprocess.run([sys.executable, "-m", "pdstack", "tune", "-i", str(TWO), "--out", str(out)], cwd=ROOT,
                        env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}, capture_output=True,
-                       text=True, timeout=1200)
+                       text=True, timeout=1500)
     assert r.returncode == 0, (r.stdout[-6000:], r.stderr[-3000:])
     res = json.loads((out / "results.json").read_text())
     by = {c["name"]: c for c in res["candidates"]}
-    assert list(by) == ["baseline", "fp8-kv", "greedy-memory", "upstream-recipe"]
+    assert list(by) == ["baseline", "fp8-kv", "greedy-memory", "spec-wrong-answers", "one-decode-tp2",
+                        "upstream-recipe"]
     assert res["winner"] == "upstream-recipe" and "winner (c1_decode_tps): upstream-recipe" in r.stdout
+    # the whole run's estimate came first, before anything changed
+    assert r.stdout.index("estimate: baseline") < r.stdout.index("[1/5] fp8-kv: applying")
+    assert res["estimate"]["per_candidate"]["restart_s"] == 20
     # recall decides before speed: the fastest candidate lost recall, so it was not swept and cannot win
     assert by["fp8-kv"]["recall"]["passed"] is False and by["fp8-kv"]["recall"]["horizon"] < 4000
     assert by["fp8-kv"]["points"] == [] and by["fp8-kv"]["disqualified_because"].startswith("lost recall")
     assert by["greedy-memory"]["status"] == "failed to start"
     assert "did not answer /health" in by["greedy-memory"]["error"], by["greedy-memory"]["error"]
     assert "CUDA out of memory" in by["greedy-memory"]["error"], by["greedy-memory"]["error"]
+    # answers decide too: recall kept, half the quiz wrong (the engine's fault on its servers), not swept
+    base_acc, spec = by["baseline"]["accuracy"], by["spec-wrong-answers"]
+    assert base_acc["correct"] == base_acc["total"] == 20 and base_acc["errors"] == 0, base_acc
+    assert spec["recall"]["passed"] is True and spec["accuracy"]["correct"] <= 15, spec["accuracy"]
+    assert spec["disqualified_because"].startswith("lost accuracy") and spec["points"] == [], spec
+    # the topology candidate: decode-1 stopped and removed, one TP2 decode served (x 1.6 in the speed model)
+    topo = by["one-decode-tp2"]
+    log = (out / "one-decode-tp2" / "playbook.log").read_text()
+    assert "Serving | stop pdstack-server-decode-1.service" in log and "--tags facts,firewall,serving,router" in log
+    assert topo["qualified"] and topo["accuracy"]["correct"] == 20, topo
+    assert topo["score"] == pytest.approx(64.0 * 1.6, rel=0.15), topo["score"]
     # the figures are the speed model's: 64 tok/s as deployed, x 1.45 (marlin) x 1.3 (batch within the graphs)
     c1 = {n: by[n]["score"] for n in ("baseline", "upstream-recipe")}
     assert c1["baseline"] == pytest.approx(64.0, rel=0.15), c1
     assert c1["upstream-recipe"] == pytest.approx(64.0 * 1.45 * 1.3, rel=0.15), c1
-    for name in ("baseline", "upstream-recipe"):
+    for name in ("baseline", "one-decode-tp2", "upstream-recipe"):
         assert [(p["concurrency"], p["errors"]) for p in by[name]["points"]] == [(1, 0), (4, 0)], by[name]
         assert all(p["aggregate_tps"] and p["ttft_ms_p99"] and p["prefill_tps"] for p in by[name]["points"])
+        assert all(p["tps_per_gpu"] == pytest.approx(p["aggregate_tps"] / 3, rel=0.01) for p in by[name]["points"])
     assert res["restored"].startswith("yes"), res["restored"]
-    # the original plan runs again: the same container arguments as before the run, no candidate flag left
+    # the original plan runs again: the same container arguments, units, ports and router workers as before
     assert {n: _cmd(host, n) for n in before} == before
     assert not any("marlin" in " ".join(a) for a in before.values())
+    assert _units_ports_workers(host) == found
     report = (out / "report.md").read_text()
     assert "Winner: **upstream-recipe**" in report and (out / "throughput.png").stat().st_size > 1000
+    assert "## The cookbook's shape" in report and (out / "pareto.png").stat().st_size > 1000
+    assert "| spec-wrong-answers | out: lost accuracy" in report
     winner = yaml.safe_load((out / "winner" / "host_vars" / host / "servers.yml").read_text())["pdstack_servers"]
     assert {s["name"]: s.get("extra_args", {}).get("moe-runner-backend") for s in winner} == {
         "prefill-0": None, "decode-0": "marlin", "decode-1": "marlin"}

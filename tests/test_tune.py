@@ -82,9 +82,13 @@ def test_every_shipped_tune_files_candidates_plan(inv, facts):
     f = load_facts(f"tests/topologies/{facts}.json", list(hv))
     for cand in cfg["candidates"]:
         overlay = {"name": cand["name"], "servers": cand["servers"],
-                   **({"index_k_dtype": cand["index_k_dtype"]} if cand.get("index_k_dtype") else {})}
+                   **({"index_k_dtype": cand["index_k_dtype"]} if cand.get("index_k_dtype") else {}),
+                   **({"topology": cand["topology"]} if cand.get("topology") else {})}
         tuned = {h: {**v, "pdstack_tune": overlay} for h, v in hv.items()}
         plan = pipeline.make_plan(inventory.build_deployment(tuned, groups, inv, loc), f)
+        for servers in (cand.get("topology") or {}).values():  # the topology's servers, GPUs and TP sizes
+            assert [(s.name, s.gpus, s.tp_size) for s in plan.servers] == [
+                (s["name"], s["gpus"], s["tp_size"]) for s in servers], cand["name"]
         if cand.get("index_k_dtype"):  # the candidate's index keys, with every switch that picks their reader
             assert plan.model["index_k_dtype"] == cand["index_k_dtype"], cand["name"]
             assert all(s.env["SGLANG_OPT_USE_TILELANG_INDEXER"] == "0" for s in plan.servers

@@ -364,6 +364,10 @@ def _with_tune(tune: dict[str, Any] | None, hostvars: dict[str, dict[str, Any]],
         problems.extend(found)
         return hostvars
     merged, where = tune_overlay.apply(tune, hostvars, problems)
+    for host in tune.get("topology") or {}:  # a replaced server list: its values come from the overlay, not a file
+        stale = f"host_vars/{host}.pdstack_servers"
+        for k in [k for k in locations if k == stale or k.startswith((stale + ".", stale + "["))]:
+            del locations[k]
     locations.update(where)
     return merged
 

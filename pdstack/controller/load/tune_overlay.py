@@ -7,10 +7,15 @@
       servers:
         decode: {extra_args: {moe-runner-backend: marlin}, env: {SGLANG_X: "1"}}   # prefill | decode | all | a name
 
-Each selected server gets the overlay's extra_args and env on top of its own (the overlay's value of a flag replaces
-the server's), so the candidate goes through the very checks, planner, encoders and read-back an inventory does:
-a candidate is an inventory. The merged keys are recorded as locations, so a problem with one of them names the
-overlay key it came from.
+      topology:                       # optional: a host's whole server list replaced (a topology candidate)
+        gpu01: [{name: prefill-0, role: prefill, gpus: [0, 1, 2, 3], tp_size: 4, ...}, ...]
+
+A topology first replaces the named hosts' pdstack_servers (how many prefill and decode servers, their GPUs, TP
+sizes and ports); then each selected server gets the overlay's extra_args and env on top of its own (the overlay's
+value of a flag replaces the server's). The candidate goes through the very checks, planner, encoders and
+read-back an inventory does (GPUs, NUMA binding, ports, budgets, the router's worker list, the front door's
+admission): a candidate is an inventory. The merged keys are recorded as locations, so a problem with one of them
+names the overlay key it came from.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ TUNE = Schema("pdstack_tune", {
     "index_k_dtype": Field((str,), "the candidate's pdstack_model.index_k_dtype (the index-key layout and reader, "
                            "with every switch that decides it: pdstack/switches.py); unset: the inventory's",
                            default=None, choices=("bf16", "fp8-torch", "fp8-tilelang")),
+    "topology": Field((dict,), "host -> the server list that replaces its pdstack_servers (same schema); unset: "
+                      "the inventory's servers", default=None),
 })
 
 
@@ -55,13 +62,25 @@ def apply(tune: dict[str, Any] | None, hostvars: dict[str, dict[str, Any]],
           problems: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """(hostvars with the overlay merged into every selected server, {server variable path: overlay path}).
     `tune` is the validated pdstack_tune (None: no overlay). A selector that names no server is a problem."""
-    if not tune or not tune.get("servers"):
+    if not tune or not (tune.get("servers") or tune.get("topology")):
         return hostvars, {}  # (index_k_dtype, a model setting, is merged by inventory.load into pdstack_model)
     out = copy.deepcopy(hostvars)
     where: dict[str, str] = {}
-    names = sorted({str(s.get("name")) for hv in hostvars.values() for s in hv.get("pdstack_servers") or []
+    for host, servers in (tune.get("topology") or {}).items():
+        path = f"pdstack_tune.topology.{host}"
+        if host not in out:
+            problems.append(f"{path}: no such host in the inventory; use one of {', '.join(sorted(out))}")
+        elif not isinstance(servers, list) or not servers:
+            problems.append(f"{path}: expected a non-empty list of servers (as host_vars pdstack_servers), got "
+                            f"{type(servers).__name__}")
+        else:
+            out[host]["pdstack_servers"] = copy.deepcopy(servers)
+            where[f"host_vars/{host}.pdstack_servers"] = path
+            for i in range(len(servers)):
+                where[f"host_vars/{host}.pdstack_servers[{i}]"] = f"{path}[{i}]"
+    names = sorted({str(s.get("name")) for hv in out.values() for s in hv.get("pdstack_servers") or []
                     if isinstance(s, dict)})
-    for selector, change in tune["servers"].items():
+    for selector, change in (tune.get("servers") or {}).items():
         path = f"pdstack_tune.servers.{selector}"
         if not isinstance(change, dict):
             problems.append(f"{path}: expected a mapping {{extra_args: ..., env: ...}}, got {type(change).__name__}")

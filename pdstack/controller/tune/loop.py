@@ -3,15 +3,20 @@
     1. Every candidate of the tune file is planned like an inventory (the inventory + its overlay as pdstack_tune,
        checked, planned and read back against the facts the last deploy recorded) before anything changes; the
        sweep is checked against the model's context and the front door's admission. One bad candidate: nothing runs.
-    2. "baseline": the deployment as it runs, measured first (recall gate, then the sweep).
+       The run's estimate on the real host (estimate.py) is printed before anything changes.
+    2. "baseline": the deployment as it runs, measured first (recall gate, accuracy gate, then the sweep).
     3. Each candidate: `ansible-playbook site.yml --tags facts,serving -e @overlay.json` (the rolling restart applies
-       it: drain, restart, probe, back in), then the recall gate (the smoke gate's grid and min_horizon; a candidate
-       that loses recall is disqualified and not swept), then the sweep (sweep.py: bench_serving's Rust client). A
-       candidate whose servers do not come up within start_timeout_s is recorded as failed to start, and skipped.
-    4. Always, also on Ctrl-C or a failure: the same playbook without the overlay restores the inventory's plan, and
-       the restored plan is compared with the one the run started from.
-    5. build/tune/<inventory>/<run>/: results.json, report.md, throughput.png, ttft.png, per candidate its
-       playbook log, recall.json + heatmap and bench_serving's JSONL; winner/ holds the host_vars change.
+       it: drain, restart, probe, back in; a topology candidate and the one after it also run the firewall, router,
+       front door, monitoring and watchdog phases: TOPOLOGY_TAGS), then the recall gate (the smoke gate's grid and
+       min_horizon; a candidate that loses recall is disqualified and not swept), then the accuracy gate
+       (gates/accuracy.py: measurably below the baseline is disqualified, not swept), then the sweep (sweep.py:
+       bench_serving's Rust client). A candidate whose servers do not come up within start_timeout_s is recorded as
+       failed to start, and skipped.
+    4. Always, also on Ctrl-C or a failure: the same playbook without the overlay (with TOPOLOGY_TAGS if a topology
+       ran) restores the inventory's plan, and the restored plan is compared with the one the run started from.
+    5. build/tune/<inventory>/<run>/: results.json, report.md, throughput.png, ttft.png, pareto.png, per candidate
+       its playbook log, recall.json + heatmap, accuracy.json and bench_serving's JSONL; winner/ holds the host_vars
+       change.
 """
 
 from __future__ import annotations
@@ -23,19 +28,23 @@ import shutil
 import subprocess
 import sys
 import time
+import zlib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from pdstack.controller import pipeline
-from pdstack.controller.gates import apikey, heatmap, recall, results, smoke_settings
+from pdstack.controller.gates import accuracy, apikey, heatmap, recall, results, smoke_settings
 from pdstack.controller.load import inventory, tune_overlay
 from pdstack.controller.load.facts import load_facts
-from pdstack.controller.tune import report, settings, sweep
+from pdstack.controller.tune import estimate, report, settings, sweep
 from pdstack.errors import InventoryError
 
 ROOT = smoke_settings.ROOT
 TAGS = "facts,serving"
+# a topology candidate (and the run after one) changes the worker list, the ports, the scrape targets and the
+# watchdog's server list too
+TOPOLOGY_TAGS = "facts,firewall,serving,router,frontdoor,monitoring,watchdog"
 
 
 def say(msg: str) -> None:
@@ -44,6 +53,8 @@ def say(msg: str) -> None:
 
 class Tuner:
     require_image = True  # the plans are about to be deployed (as the preflight role plans them)
+    base_accuracy: dict[str, Any] | None = None  # the baseline's accuracy gate, what candidates are held against
+    gpus: dict[str, int]  # GPUs of the baseline's and each candidate's plan (check() fills it)
 
     def __init__(self, inv: str, cfg: dict[str, Any], out: Path, url: str | None = None, root: Path = ROOT):
         self.inv, self.cfg, self.out, self.url = inv, cfg, out, url
@@ -61,7 +72,8 @@ class Tuner:
 
     def overlay(self, cand: dict[str, Any]) -> dict[str, Any]:
         return {"name": cand["name"], "servers": cand["servers"],
-                **({"index_k_dtype": cand["index_k_dtype"]} if cand.get("index_k_dtype") else {})}
+                **({"index_k_dtype": cand["index_k_dtype"]} if cand.get("index_k_dtype") else {}),
+                **({"topology": cand["topology"]} if cand.get("topology") else {})}
 
     def plan_of(self, cand: dict[str, Any] | None):
         hv = {h: {**v, **({"pdstack_tune": self.overlay(cand)} if cand else {})} for h, v in self.hostvars.items()}
@@ -71,11 +83,16 @@ class Tuner:
     def check(self) -> None:
         """Every candidate planned, the sweep within the deployment's limits; raises listing every problem."""
         problems = []
+        self.gpus = {"baseline": gpu_count(json.loads(self.base_plan.to_json()))}
         for cand in self.cfg["candidates"]:
             try:
-                self.plan_of(cand)
+                plan, _ = self.plan_of(cand)
+                self.gpus[cand["name"]] = gpu_count(json.loads(plan.to_json()))
             except InventoryError as e:
                 problems += [f"candidate {cand['name']}: {p}" for p in e.problems]
+                continue
+            problems += [f"candidate {cand['name']}: {p}" for p in estimate.admission_problems(
+                json.loads(plan.to_json()), self.base_dep.router["admission"])]
         ctx = self.base_dep.model["context_length"]
         sw = self.cfg["sweep"]
         for s in sw["shapes"]:
@@ -143,15 +160,15 @@ class Tuner:
                 return f"http://{got.stdout.split()[0]}:{r.port}"
         return r.url
 
-    def playbook(self, cand: dict[str, Any] | None, log: Path) -> tuple[int, str]:
-        """site.yml --tags facts,serving with the candidate's overlay (None: without one). (rc, output tail)"""
+    def playbook(self, cand: dict[str, Any] | None, log: Path, tags: str = TAGS) -> tuple[int, str]:
+        """site.yml --tags `tags` with the candidate's overlay (None: without one). (rc, output tail)"""
         extra = {"serving_ready_timeout_s": self.cfg["start_timeout_s"]}
         if cand:
             extra["pdstack_tune"] = self.overlay(cand)
         log.parent.mkdir(parents=True, exist_ok=True)
         xfile = log.with_suffix(".vars.json")
         xfile.write_text(json.dumps(extra, indent=1) + "\n")
-        cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "site.yml", "-i", self.inv, "--tags", TAGS,
+        cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "site.yml", "-i", self.inv, "--tags", tags,
                "-e", f"@{xfile}"]
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PYTHONUNBUFFERED": "1", "ANSIBLE_NOCOLOR": "1"}
@@ -183,18 +200,31 @@ class Tuner:
         say(f"{name}: recall {'PASS' if rr.passed else 'FAIL'}, horizon {rec['horizon']} tokens")
         if not rr.passed:
             return {"status": "measured", "recall": rec, "points": []}
+        acc = accuracy.run(url, self.base_dep.model["served_name"], headers=headers,
+                           timeout=float(smoke["timeout"]))
+        results.write_json(d / "accuracy.json", acc)
+        say(f"{name}: accuracy {acc['correct']}/{acc['total']} ({acc['errors']} errors)")
+        why = accuracy.verdict(acc, self.base_accuracy, self.cfg["accuracy_max_drop"])
+        if name == "baseline":
+            self.base_accuracy = acc
+        acc = {k: v for k, v in acc.items() if k != "answers"}
+        if why:
+            say(f"{name}: disqualified: {why}; not swept")
+            return {"status": "measured", "recall": rec, "accuracy": acc, "points": [], "disqualified_because": why}
         sw = self.cfg["sweep"]
         kw = {"tokenizer": smoke["tokenizer"], "model": self.base_dep.model["served_name"], "out_dir": d / "bench",
               "api_key": key}
         sweep.warm_up(url, sw["shapes"][0], sw["warmup_prompts"], sw["warmup_wait_s"], **kw)
         pts = []
+        gpus = self.gpus.get(name, 0)
         for p in settings.points(sw):
-            r = sweep.run_point(url, p, **kw)
+            r = sweep.run_point(url, p, salt=zlib.crc32(name.encode()) % 100_000, **kw)
+            r.update(report.derive(r, gpus, self.cfg["goodput_tpot_ms"]))
             say(f"{name}: in {p['input']} out {p['output']} C={p['concurrency']}: decode "
                 f"{report._f(r['decode_tps_per_request_p50'])} tok/s/req, aggregate {report._f(r['aggregate_tps'])}"
                 f" tok/s, TTFT p50 {report._f(r['ttft_ms_p50'])} ms, errors {r['errors']}")
             pts.append(r)
-        return {"status": "measured", "recall": rec, "points": pts}
+        return {"status": "measured", "recall": rec, "accuracy": acc, "points": pts}
 
     # ------------------------------------------------------------------------------------------------ the run
 
@@ -206,22 +236,31 @@ class Tuner:
         cands = self.cfg["candidates"]
         res: dict[str, Any] = {"inventory": self.inv, "run": self.out.name, "url": url,
                                "objective": self.cfg["objective"], "tpot_p99_ms_max": self.cfg["tpot_p99_ms_max"],
+                               "goodput_tpot_ms": self.cfg["goodput_tpot_ms"], "skipped": self.cfg.get("skipped"),
                                "sweep": self.cfg["sweep"], "candidates": [], "winner": None, "restored": None}
         say(f"{self.inv}: baseline + {len(cands)} candidate(s) ({', '.join(c['name'] for c in cands)}) through "
-            f"{url}; results in {self.out}")
+            f"{url}; results in {self.out}" + (f"; skipped: {', '.join(self.cfg['skipped'])}"
+                                               if self.cfg.get("skipped") else ""))
+        res["estimate"] = est = estimate.run_estimate(self.cfg, smoke_settings.from_deployment(self.base_dep))
+        for line in estimate.lines(est):
+            say(line)
         t0 = time.monotonic()
-        applied = False
+        applied, wide, prev_topology = False, False, False
         try:
-            base = {"name": "baseline", "description": "the plan as the inventory has it", "overlay": None}
+            base = {"name": "baseline", "description": "the plan as the inventory has it", "overlay": None,
+                    "gpus": self.gpus["baseline"]}
             base.update(self.measure("baseline", url, headers, key))
             res["candidates"].append(base)
             for i, cand in enumerate(cands, 1):
                 entry = {"name": cand["name"], "description": cand["description"], "status": "not measured "
-                         "(the run stopped first)", "overlay": self.overlay(cand), "recall": None, "points": []}
+                         "(the run stopped first)", "overlay": self.overlay(cand), "recall": None, "points": [],
+                         "source": cand.get("source") or "", "gpus": self.gpus.get(cand["name"])}
                 res["candidates"].append(entry)
-                say(f"[{i}/{len(cands)}] {cand['name']}: applying (site.yml --tags {TAGS}, rolling restart)")
-                applied = True
-                rc, tail = self.playbook(cand, self.out / cand["name"] / "playbook.log")
+                tags = TOPOLOGY_TAGS if cand.get("topology") or prev_topology else TAGS
+                say(f"[{i}/{len(cands)}] {cand['name']}: applying (site.yml --tags {tags}, rolling restart)")
+                applied, prev_topology = True, bool(cand.get("topology"))
+                wide = wide or prev_topology
+                rc, tail = self.playbook(cand, self.out / cand["name"] / "playbook.log", tags)
                 if rc != 0:
                     entry.update(status="failed to start", error=f"site.yml rc {rc}: {tail}")
                     say(f"{cand['name']}: did not start (site.yml rc {rc}; {self.out / cand['name'] / 'playbook.log'})"
@@ -234,8 +273,9 @@ class Tuner:
                 f"`invoke deploy -i {self.inv}`)")
         finally:
             if applied:
-                say(f"restoring the inventory's plan (site.yml --tags {TAGS} without an overlay)")
-                rc, tail = self.playbook(None, self.out / "restore" / "playbook.log")
+                tags = TOPOLOGY_TAGS if wide else TAGS
+                say(f"restoring the inventory's plan (site.yml --tags {tags} without an overlay)")
+                rc, tail = self.playbook(None, self.out / "restore" / "playbook.log", tags)
                 res["restored"] = self.restored(rc, tail)
             else:
                 res["restored"] = "nothing was changed"
@@ -272,6 +312,11 @@ class Tuner:
               f"results: {self.out / 'results.json'} ({seconds:.0f} s)")
 
 
+def gpu_count(plan: dict[str, Any]) -> int:
+    """The GPUs a plan's servers use (the per-GPU figures' denominator)."""
+    return sum(len(s.get("gpus") or []) for s in plan.get("servers") or [])
+
+
 def failure(output: str) -> str:
     """Why a playbook failed, from its output: the last `fatal:` result (the serving role's failure names the server
     and quotes its journal), up to the next task; else the output's tail."""
@@ -290,6 +335,8 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tpot-p99-ms-max", type=float, help="aggregate_tps: the TPOT p99 bound a point must meet")
     p.add_argument("--url", help="the front door's URL as this machine reaches it (default: from the plan)")
     p.add_argument("--out", help="results directory (default: build/tune/<inventory>/<UTC time>)")
+    p.add_argument("--skip", action="append", default=[], metavar="NAME",
+                   help="leave this candidate out (repeatable); the estimate and report say it was skipped")
     p.add_argument("--check", action="store_true", help="only plan every candidate and check the sweep; change "
                    "nothing")
     p.epilog = ("exit codes: 0 a winner, 1 no candidate qualified or the restore failed, 2 bad tune file or "
@@ -297,7 +344,8 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = settings.load(args.tune or settings.default_path(args.inventory), args.objective, args.tpot_p99_ms_max)
+    cfg = settings.load(args.tune or settings.default_path(args.inventory), args.objective, args.tpot_p99_ms_max,
+                        args.skip)
     out = Path(args.out) if args.out else (ROOT / "build" / "tune" / Path(args.inventory).name
                                            / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
     t = Tuner(args.inventory, cfg, out, args.url)
@@ -305,6 +353,8 @@ def run(args: argparse.Namespace) -> int:
         t.check()
         print(f"tune: {len(cfg['candidates'])} candidate(s) plan; {len(settings.points(cfg['sweep']))} point(s) "
               "per candidate; nothing changed")
+        for line in estimate.lines(estimate.run_estimate(cfg, smoke_settings.from_deployment(t.base_dep))):
+            print(line)
         return 0
     res = t.run()
     ok = res["winner"] is not None and str(res["restored"]).startswith(("yes", "nothing"))

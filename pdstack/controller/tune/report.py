@@ -7,6 +7,12 @@ cheaper change).
 
   c1_decode_tps   the C=1 point of the first shape: per-request decode tok/s (median over its requests)
   aggregate_tps   the best aggregate output tok/s over the points whose TPOT p99 <= tpot_p99_ms_max
+
+Besides its own shapes, the report gives every point in the shape SGLang's cookbook reports DeepSeek V4 (random input
+8,192 / output 1,024 at concurrency 1, 16 and 64, after a warm-up) where the sweep has those points: TTFT, TPOT
+and ITL p50/p99, output tok/s, output tok/s per GPU (the candidate's GPUs, all servers) and goodput: output tok/s
+x the share of requests whose TPOT (1 / their decode tok/s) is within goodput_tpot_ms. pareto.png plots output
+tok/s per GPU against TPOT p99 for every point, the winner marked, the published anchors beside.
 """
 
 from __future__ import annotations
@@ -24,7 +30,25 @@ ANCHORS = [
     ("peer, TP4, MTP2", 1, 288.0, 299.0, "per-request decode"),
     ("peer, TP4 first boot -> graphs + tuned config", 1, 72.9, 234.8, "per-request decode"),
     ("peer, TP4, no speculation", 64, 2531.0, 2903.0, "aggregate"),
+    ("stock SGLang, TP2", 1, 58.0, 58.0, "per-request decode"),
+    ("vLLM fork, TP2, full graphs", 1, 148.0, 153.0, "per-request decode"),
+    ("vLLM fork, TP4, full graphs", 1, 179.0, 184.0, "per-request decode"),
+    ("vLLM fork, TP4, DSpark K5", 1, 260.0, 301.0, "per-request decode"),
+    ("peer ladder TP2: piecewise graphs", 1, 77.1, 77.1, "per-request decode"),
+    ("peer ladder TP2: full decode graphs", 1, 109.3, 109.3, "per-request decode"),
+    ("peer ladder TP2: speculation + Marlin W4A16", 1, 202.7, 202.7, "per-request decode"),
 ]
+COOKBOOK_SHAPE = (8192, 1024)
+COOKBOOK_CONCURRENCY = (1, 16, 64)
+
+
+def derive(p: dict[str, Any], gpus: int, tpot_ms: float) -> dict[str, Any]:
+    """A point's per-GPU output tok/s and goodput (output tok/s x the share of requests with TPOT <= tpot_ms)."""
+    per_req = p.get("decode_tps_per_request") or []
+    agg = p.get("aggregate_tps")
+    share = (sum(1000.0 / v <= tpot_ms for v in per_req if v) / len(per_req)) if per_req else None
+    return {"tps_per_gpu": None if agg is None or not gpus else round(agg / gpus, 2),
+            "goodput_tps": None if agg is None or share is None else round(agg * share, 2)}
 
 
 def qualifies(c: dict[str, Any]) -> tuple[bool, str]:
@@ -33,6 +57,8 @@ def qualifies(c: dict[str, Any]) -> tuple[bool, str]:
         return False, c["status"]
     if not c["recall"]["passed"]:
         return False, f"lost recall (horizon {c['recall']['horizon']} < {c['recall']['min_horizon']} tokens)"
+    if c.get("disqualified_because"):  # the accuracy gate's verdict (gates/accuracy.py), set when measured
+        return False, c["disqualified_because"]
     bad = [p for p in c["points"] if p["errors"]]
     if bad:
         return False, f"{sum(p['errors'] for p in bad)} request(s) failed under load"
@@ -74,23 +100,26 @@ def _cell(text: str, n: int = 160) -> str:
 
 
 def table(results: dict[str, Any]) -> str:
-    rows = ["| candidate | verdict | recall horizon | in/out | C | decode tok/s/req | aggregate tok/s | prefill tok/s "
-            "| TTFT p50/p99 ms | TPOT p50/p99 ms | ITL p99 ms | errors |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| candidate | verdict | recall horizon | accuracy | in/out | C | decode tok/s/req | aggregate tok/s | "
+            "tok/s/GPU | goodput | prefill tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | ITL p50/p99 ms | errors |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in results["candidates"]:
         verdict = ("WINNER" if c["name"] == results["winner"] else "qualified" if c.get("qualified")
                    else f"out: {c.get('disqualified_because') or c['status']}")
         rec = c.get("recall") or {}
         horizon = f"{rec.get('horizon')} (min {rec.get('min_horizon')})" if rec else "-"
+        acc = c.get("accuracy")
+        acc = f"{acc['correct']}/{acc['total']}" if acc else "-"
         if not c.get("points"):
-            rows.append(f"| {c['name']} | {verdict} | {horizon} | - | - | - | - | - | - | - | - | "
+            rows.append(f"| {c['name']} | {verdict} | {horizon} | {acc} | - | - | - | - | - | - | - | - | - | - | "
                         f"{_cell(c.get('error', ''))} |")
             continue
         for p in c["points"]:
-            rows.append(f"| {c['name']} | {verdict} | {horizon} | {p['input']}/{p['output']} | {p['concurrency']} | "
-                        f"{_f(p['decode_tps_per_request_p50'])} | {_f(p['aggregate_tps'])} | {_f(p['prefill_tps'], 0)} "
+            rows.append(f"| {c['name']} | {verdict} | {horizon} | {acc} | {p['input']}/{p['output']} | "
+                        f"{p['concurrency']} | {_f(p['decode_tps_per_request_p50'])} | {_f(p['aggregate_tps'])} | "
+                        f"{_f(p.get('tps_per_gpu'))} | {_f(p.get('goodput_tps'))} | {_f(p['prefill_tps'], 0)} "
                         f"| {_f(p['ttft_ms_p50'])}/{_f(p['ttft_ms_p99'])} | {_f(p['tpot_ms_p50'])}/"
-                        f"{_f(p['tpot_ms_p99'])} | {_f(p['itl_ms_p99'])} | {p['errors']} |")
+                        f"{_f(p['tpot_ms_p99'])} | {_f(p['itl_ms_p50'])}/{_f(p['itl_ms_p99'])} | {p['errors']} |")
     return "\n".join(rows)
 
 
@@ -99,6 +128,69 @@ def anchors_md() -> str:
     rows += [f"| {label} | {c} | {lo:g}{'' if lo == hi else f'-{hi:g}'} | {what} |"
              for label, c, lo, hi, what in ANCHORS]
     return "\n".join(rows)
+
+
+def cookbook_md(results: dict[str, Any]) -> str:
+    """The cookbook's shape (input 8,192 / output 1,024 at C 1, 16, 64), one row per candidate and level."""
+    rows = ["| candidate | GPUs | C | TTFT p50/p99 ms | TPOT p50/p99 ms | ITL p50/p99 ms | output tok/s | tok/s/GPU | "
+            f"goodput (TPOT <= {results.get('goodput_tpot_ms', '-')} ms) |", "|---|---|---|---|---|---|---|---|---|"]
+    for c in results["candidates"]:
+        for p in c.get("points") or []:
+            if (p["input"], p["output"]) != COOKBOOK_SHAPE or p["concurrency"] not in COOKBOOK_CONCURRENCY:
+                continue
+            rows.append(f"| {c['name']} | {c.get('gpus', '-')} | {p['concurrency']} | {_f(p['ttft_ms_p50'])}/"
+                        f"{_f(p['ttft_ms_p99'])} | {_f(p['tpot_ms_p50'])}/{_f(p['tpot_ms_p99'])} | "
+                        f"{_f(p['itl_ms_p50'])}/{_f(p['itl_ms_p99'])} | {_f(p['aggregate_tps'])} | "
+                        f"{_f(p.get('tps_per_gpu'))} | {_f(p.get('goodput_tps'))} |")
+    if len(rows) == 2:
+        return ("The sweep has no point of the cookbook's shape (add {input: 8192, output: 1024} and concurrency 1, "
+                "16, 64 to sweep: inventory/production.tune.yml does).")
+    return "\n".join(rows)
+
+
+def pareto(results: dict[str, Any], out: Path) -> Path:
+    """pareto.png: output tok/s per GPU against TPOT p99, every measured point; the winner's filled, the
+    non-dominated front drawn; the published anchors where they give both (TPOT = 1000 / per-request tok/s at C=1)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    front = []
+    for c in results["candidates"]:
+        pts = [(p["tpot_ms_p99"], p["tps_per_gpu"]) for p in c.get("points") or []
+               if p.get("tpot_ms_p99") is not None and p.get("tps_per_gpu") is not None]
+        if not pts:
+            continue
+        win = c["name"] == results["winner"]
+        ax.scatter(*zip(*pts, strict=True), s=60 if win else 25, marker="*" if win else "o",
+                   label=c["name"] + (" (winner)" if win else ""), zorder=3 if win else 2)
+        front += pts
+    best = []
+    for x, y in sorted(front):
+        if not best or y > best[-1][1]:
+            best.append((x, y))
+    if best:
+        ax.step(*zip(*best, strict=True), where="post", color="black", alpha=0.4, label="Pareto front")
+    for label, conc, lo, hi, what in ANCHORS:
+        # C=1 figures of a known TP size and a narrow range (a before/after range is no one point)
+        if what == "per-request decode" and conc == 1 and ("TP4" in label or "TP2" in label) and hi <= 1.3 * lo:
+            gpus = 4 if "TP4" in label else 2
+            mid = (lo + hi) / 2
+            ax.scatter([1000.0 / mid], [mid / gpus], marker="x", color="grey")
+            ax.annotate(label, (1000.0 / mid, mid / gpus), fontsize=6, color="grey")
+    ax.set_xlabel("TPOT p99 (ms, lower is better)")
+    ax.set_ylabel("output tok/s per GPU")
+    ax.set_xscale("log")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    ax.set_title(f"pdstack tune {results['inventory']} {results['run']} (grey x: published, C=1)", fontsize=9)
+    fig.tight_layout()
+    path = out / "pareto.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def plots(results: dict[str, Any], out: Path) -> list[Path]:
@@ -146,7 +238,7 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     ttft = out / "ttft.png"
     fig.savefig(ttft, dpi=110)
     plt.close(fig)
-    return [thr, ttft]
+    return [thr, ttft, pareto(results, out)]
 
 
 def winner_change(results: dict[str, Any], servers_by_host: dict[str, list[dict[str, Any]]], out: Path) -> Path | None:
@@ -166,6 +258,10 @@ def winner_change(results: dict[str, Any], servers_by_host: dict[str, list[dict[
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(f"---\n# written by `invoke tune` ({results['run']}): candidate {win['name']}\n"
                      + yaml.safe_dump({"pdstack_servers": servers}, sort_keys=False, width=120))
+        if host in (win["overlay"].get("topology") or {}):
+            lines.append(f"- host_vars/{host}: the server list replaced (topology): "
+                         + ", ".join(f"{s['name']} ({s.get('role')}, GPUs {s.get('gpus')}, TP {s.get('tp_size')})"
+                                     for s in servers))
         for s in servers:
             for sel, change in win["overlay"]["servers"].items():
                 if sel in ("all", s.get("role"), s.get("name")):
@@ -183,7 +279,8 @@ def markdown(results: dict[str, Any], plot_paths: list[Path], change: Path | Non
            + (f" (TPOT p99 <= {results['tpot_p99_ms_max']:g} ms)" if results.get("tpot_p99_ms_max") else ""),
            f"Winner: **{win or 'none qualified'}**"
            + (f" (host_vars change: {change})" if change else " (the inventory's plan stays)" if win else ""), "",
-           table(results), "", "## Anchors (published, other deployments of this model on these GPUs)", "",
+           table(results), "", "## The cookbook's shape (random 8,192 in / 1,024 out, warm-up first)", "",
+           cookbook_md(results), "", "## Anchors (published, other deployments of this model on these GPUs)", "",
            anchors_md(), "", "## Plots", ""]
     out += [f"![{p.stem}]({p.name})" for p in plot_paths]
     out += ["", f"Restored after the run: {results.get('restored')}", ""]

@@ -14,11 +14,17 @@ typed by the same schema code as the inventory; every problem is listed with its
       min_prompts: 4
       warmup_prompts: 4               # C=1 requests first, not counted (peers read C=1 low right after graph capture)
       warmup_wait_s: 30
+    accuracy_max_drop: 0.05           # the accuracy gate: disqualified more than this below the baseline's score
+    goodput_tpot_ms: 50               # the report's goodput: requests with TPOT within this
+    restart_s: 600                    # the estimate: one restart with the weights load on the real host
     candidates:
       - name: upstream-recipe
         description: SGLang's cookbook cell for this GPU
+        source: sgl-project/sglang docs_new/src/snippets/configs/deepseek-ai/deepseek-v4.jsx
         servers:                      # pdstack_tune.servers: prefill | decode | all | a server name
           all: {extra_args: {moe-runner-backend: marlin}, env: {}}
+        topology: {gpu01: [...]}      # optional: the host's whole server list (pdstack_servers' schema)
+`--skip NAME` (the command line) leaves a candidate out; a name the file lacks is an error.
 """
 
 from __future__ import annotations
@@ -67,6 +73,9 @@ CANDIDATE = Schema("candidate", {
                      "({}: none, as with a candidate that changes only index_k_dtype)"),
     "index_k_dtype": Field((str,), "the candidate's index-key layout and reader (pdstack_model.index_k_dtype); unset: "
                            "the inventory's", default=None, choices=("bf16", "fp8-torch", "fp8-tilelang")),
+    "topology": Field((dict,), "host -> the server list that replaces its pdstack_servers (a topology candidate: "
+                      "server count, GPUs, TP sizes, ports); unset: the inventory's servers", default=None),
+    "source": Field((str,), "where the lever comes from (a cookbook page, a peer's benchmark file)", default=""),
 })
 
 TUNE_FILE = Schema("tune.yml", {
@@ -76,6 +85,13 @@ TUNE_FILE = Schema("tune.yml", {
     "start_timeout_s": Field((int,), "seconds a candidate's servers have to answer /health", default=1800,
                              check=_positive),
     "sweep": Field((dict,), "the load of every candidate's measurement", default=dict, schema=SWEEP),
+    "accuracy_max_drop": Field((int, float), "a candidate whose accuracy-gate score (a fraction of the shipped set) "
+                               "falls more than this below the baseline's is disqualified", default=0.05,
+                               check=_non_negative),
+    "goodput_tpot_ms": Field((int, float), "the report's goodput counts requests whose TPOT is within this (ms per "
+                             "output token; 50 = 20 tok/s per user)", default=50, check=_positive),
+    "restart_s": Field((int, float), "the estimate's seconds for one restart with weights load on the real host "
+                       "(docs/tune.md)", default=600, check=_positive),
     "candidates": Field((list,), "the named overlays to try", item_schema=CANDIDATE),
 })
 
@@ -86,9 +102,10 @@ def default_path(inventory: str | Path) -> Path:
     return inv.parent / f"{inv.name}.tune.yml"
 
 
-def load(path: str | Path, objective: str | None = None, tpot_p99_ms_max: float | None = None) -> dict[str, Any]:
-    """tune.yml read strictly, validated, defaults filled; `objective`/`tpot_p99_ms_max` (the command line) win.
-    Raises InventoryError listing every problem."""
+def load(path: str | Path, objective: str | None = None, tpot_p99_ms_max: float | None = None,
+         skip: list[str] | None = None) -> dict[str, Any]:
+    """tune.yml read strictly, validated, defaults filled; `objective`/`tpot_p99_ms_max` (the command line) win;
+    `skip` names candidates left out (each must exist). Raises InventoryError listing every problem."""
     p = Path(path)
     problems: list[str] = []
     if not p.is_file():
@@ -119,6 +136,14 @@ def load(path: str | Path, objective: str | None = None, tpot_p99_ms_max: float 
         if "baseline" in names:
             problems.append("candidates: 'baseline' is the name of the plan as the inventory has it (measured "
                             "first); call the candidate something else")
+        unknown = [n for n in skip or [] if n not in names]
+        if unknown:
+            problems.append(f"--skip {', '.join(unknown)}: no such candidate; the file has "
+                            f"{', '.join(map(str, names))}")
+        cfg["skipped"] = [n for n in skip or [] if n in names]
+        cfg["candidates"] = [c for c in candidates if not isinstance(c, dict) or c.get("name") not in cfg["skipped"]]
+        if candidates and not cfg["candidates"]:
+            problems.append(f"--skip: leaves no candidate to try (skipped {', '.join(cfg['skipped'])})")
     sweep = cfg.get("sweep") or {}
     if 1 not in (sweep.get("concurrency") or [1]):
         problems.append("sweep.concurrency: must include 1 (the C=1 decode figure every report gives)")

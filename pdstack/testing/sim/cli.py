@@ -29,7 +29,8 @@ DTYPES = ["auto", "half", "float16", "bfloat16", "float", "float32"]
 
 # SGLang flags accepted and ignored: (option strings, argparse kwargs). They land in /server_info's fields. A few of
 # them (--moe-runner-backend, --cuda-graph-max-bs-decode, --disable-cuda-graph, --kv-cache-dtype,
-# --chunked-prefill-size, --mem-fraction-static) move the speed model's factors (speed.py), nothing else.
+# --chunked-prefill-size, --mem-fraction-static, --tp-size, --speculative-algorithm) move the speed model's factors
+# (speed.py), nothing else.
 IGNORED_SGLANG_FLAGS: list[tuple[tuple[str, ...], dict]] = [
     (("--tokenizer-path",), {}),
     (("--tp-size", "--tensor-parallel-size"), {"type": int, "default": 1}),
@@ -74,6 +75,10 @@ IGNORED_SGLANG_FLAGS: list[tuple[tuple[str, ...], dict]] = [
     (("--tool-call-parser",), {}),
     (("--reasoning-parser",), {}),
     (("--crash-dump-folder",), {}),
+    (("--speculative-algorithm",), {}),
+    (("--speculative-num-steps",), {"type": int}),
+    (("--speculative-eagle-topk",), {"type": int}),
+    (("--speculative-num-draft-tokens",), {"type": int}),
 ]
 
 
@@ -190,7 +195,10 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None):
         if getattr(args, name) <= 0:
             raise PdstackError(f"--{name.replace('_', '-')} must be > 0")
     server_args = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
-    speed = speed_model(server_args)
+    try:
+        speed = speed_model(server_args, dict(os.environ))
+    except ValueError as e:
+        raise PdstackError(str(e)) from e
     horizon = default_recall_horizon() if args.recall_horizon is None else args.recall_horizon
     if speed.recall_horizon is not None and (horizon <= 0 or speed.recall_horizon < horizon):
         horizon = speed.recall_horizon
@@ -200,7 +208,7 @@ def build_config(args: argparse.Namespace, argv: list[str] | None = None):
         context_length=args.context_length or 131072,
         max_queued_requests=args.max_queued_requests,
         max_running_requests=args.max_running_requests or 64,
-        max_total_tokens=args.max_total_tokens or 1_000_000,
+        max_total_tokens=args.max_total_tokens or 1_000_000 * speed.kv_scale,
         enable_metrics=args.enable_metrics,
         enable_hierarchical_cache=args.enable_hierarchical_cache, hicache_ratio=args.hicache_ratio,
         recall_horizon=horizon, speed=speed,

@@ -274,7 +274,7 @@ class Engine:
         ans = model.answer(kv_prompt, self.cfg.recall_horizon, malformed_tool_args=self.faults.malformed_tool_args,
                            leak_reasoning=self.faults.leak_reasoning, constraint=req.tool_constraint,
                            garble_tool_arg=self.faults.garble_tool_arg, confuse_keys=self.faults.confuse_keys,
-                           residue_fault=self.faults.residue_fault)
+                           residue_fault=self.faults.residue_fault, wrong_answers=self.cfg.speed.wrong_answers)
         return model.output_pieces(kv_prompt, ans, req.max_new_tokens, ignore_eos=req.ignore_eos)
 
     def _require_bootstrap(self, req: GenRequest) -> None:

@@ -10,6 +10,9 @@ Needle convention (documented in README.md):
   * beyond the horizon the answer has the same shape but a deterministic wrong code (the fp8 index-key collapse:
     distant tokens never make it into the top-k); a horizon of 0 means unlimited;
   * a question whose key has no needle before it gets `I do not know the secret code for <KEY>.`
+Quiz convention (the tune accuracy gate's shipped set, pdstack/controller/gates/quiz.json): the last
+`Compute <EXPRESSION>.` in a prompt (integers, + - * and parentheses) is answered `The answer is <VALUE>.`; the
+speed model's wrong_answers share (speed.py) of questions, chosen by a hash of the expression, get VALUE + 1.
 Any other prompt gets deterministic filler words seeded by the prompt text.
 """
 
@@ -27,6 +30,7 @@ from pdstack.testing.sim.vocab import EOS_ID, PIECE_RE, TOKEN_RE, VOCAB, token_i
 NEEDLE_RE = re.compile(r"The secret code for (?P<key>[^.?\n]+?) is (?P<code>[^\s.]+)\.")
 CALL_RE = re.compile(r"\bcall\s+([A-Za-z_][\w.\-]*)", re.IGNORECASE)  # a turn asking for a tool call
 QUESTION_RE = re.compile(r"What is the secret code for (?P<key>[^.?\n]+?)\?")
+QUIZ_RE = re.compile(r"Compute (?P<expr>[0-9+\-*() ]+)\.")
 
 FILLER_WORDS = (
     "lorem ipsum dolor sit amet consectetur adipiscing elit sed eiusmod tempor incididunt labore dolore magna "
@@ -168,7 +172,7 @@ def wrong_code(key: str, code: str) -> str:
 
 def answer(prompt: str, recall_horizon: int, malformed_tool_args: bool = False, leak_reasoning: bool = False,
            constraint: toolcalls.Constraint | None = None, garble_tool_arg: bool = False, confuse_keys: bool = False,
-           residue_fault: int | None = None) -> Answer:
+           residue_fault: int | None = None, wrong_answers: float = 0.0) -> Answer:
     """The deterministic answer for a prompt. recall_horizon <= 0 means unlimited.
 
     Chat prompts (render_chat): with tools and a user turn last, DeepSeek-V4 tool calls as that turn asks
@@ -181,6 +185,8 @@ def answer(prompt: str, recall_horizon: int, malformed_tool_args: bool = False, 
     `residue_fault` R gives a needle answer a wrong digit when the prompt's token count is R mod 4."""
     thinking = prompt.endswith("assistant:" + THINK_START)
     ans = _answer(prompt, recall_horizon, malformed_tool_args, constraint, garble_tool_arg, confuse_keys)
+    if ans.kind == "filler" and (quiz := list(QUIZ_RE.finditer(prompt))):
+        ans = quiz_answer(quiz[-1].group("expr"), wrong_answers)
     if residue_fault is not None and ans.kind == "needle_hit" and count_tokens(prompt) % 4 == residue_fault:
         m = NEEDLE_RE.fullmatch(ans.text)
         code = m.group("code") if m else ""
@@ -230,6 +236,56 @@ def _answer(prompt: str, recall_horizon: int, malformed_tool_args: bool,
     if not fns and role == "user" and (asked := CALL_RE.search(content)):
         return Answer(f"I have no tool named {asked.group(1)} to call, so I answer in text.", "no_tools", True)
     return Answer("", "filler", False)  # filler words are produced lazily by `output_pieces`
+
+
+def _evaluate(expr: str) -> int | None:
+    """An expression of integers, + - * and parentheses, evaluated without eval(); None if it is not one."""
+    toks = re.findall(r"\d+|[-+*()]", expr)
+    pos = 0
+
+    def atom() -> int:
+        nonlocal pos
+        t = toks[pos]
+        pos += 1
+        if t == "(":
+            v = add()
+            pos += 1  # ")"
+            return v
+        if t == "-":
+            return -atom()
+        return int(t)
+
+    def mul() -> int:
+        nonlocal pos
+        v = atom()
+        while pos < len(toks) and toks[pos] == "*":
+            pos += 1
+            v *= atom()
+        return v
+
+    def add() -> int:
+        nonlocal pos
+        v = mul()
+        while pos < len(toks) and toks[pos] in "+-":
+            op = toks[pos]
+            pos += 1
+            v = v + mul() if op == "+" else v - mul()
+        return v
+
+    try:
+        value = add()
+    except (IndexError, ValueError):
+        return None
+    return value if pos == len(toks) else None
+
+
+def quiz_answer(expr: str, wrong_answers: float = 0.0) -> Answer:
+    """`The answer is N.` for a quiz expression; the wrong_answers share of expressions (by hash) get N + 1."""
+    value = _evaluate(expr)
+    if value is None:
+        return Answer("I cannot compute that.", "quiz", True)
+    draw = int.from_bytes(_digest("quiz", expr.strip())[:8], "big") / 2 ** 64
+    return Answer(f"The answer is {value + 1 if draw < wrong_answers else value}.", "quiz", True)
 
 
 def filler_piece(seed: int, i: int) -> str:
