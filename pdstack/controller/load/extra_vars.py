@@ -63,3 +63,21 @@ def check(raw: list[str] | tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
                                     "templated (a lookup would run code on the controller): give the value itself")
                 origins[name] = where
     return problems, {k: v for k, v in origins.items() if yamlsafe.is_pdstack_var(k, READ_TOO)}
+
+
+def variable_manager(loader, inv, extra_vars: tuple[str, ...]):
+    """Ansible's VariableManager for `inv`, with `extra_vars` read as ansible-playbook reads its -e values
+    (ansible/utils/vars.py load_extra_vars, from the CLI arguments)."""
+    from ansible import context
+    from ansible.module_utils.common.collections import ImmutableDict
+    from ansible.utils import vars as ansible_vars
+    from ansible.vars.manager import VariableManager
+
+    saved, memo = context.CLIARGS, getattr(ansible_vars.load_extra_vars, "extra_vars", None)
+    context.CLIARGS = ImmutableDict({**dict(saved), "extra_vars": tuple(extra_vars)})
+    ansible_vars.load_extra_vars.extra_vars = {}  # it memoises the first -e set it reads, process-wide
+    try:
+        return VariableManager(loader=loader, inventory=inv)
+    finally:  # as it was (inside ansible-playbook: the run's own)
+        context.CLIARGS = saved
+        ansible_vars.load_extra_vars.extra_vars = memo

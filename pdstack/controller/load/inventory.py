@@ -119,7 +119,6 @@ def load_located(source: str | os.PathLike, extra_vars: tuple[str, ...] = (), lo
     configuration names (load/vault.py)."""
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
-    from ansible.vars.manager import VariableManager
 
     from pdstack.controller.load import extra_vars as extra_reader
     from pdstack.controller.load import origins
@@ -142,7 +141,7 @@ def load_located(source: str | os.PathLike, extra_vars: tuple[str, ...] = (), lo
     locations: dict[str, str] = {}
     try:
         inv = InventoryManager(loader=loader, sources=[str(src)])
-        vm = _variable_manager(loader, inv, VariableManager, extra_vars)
+        vm = extra_reader.variable_manager(loader, inv, extra_vars)
         hostvars: dict[str, dict[str, Any]] = {}
         shadowed: list[str] = []
         for host in inv.get_hosts():
@@ -182,23 +181,6 @@ def load_located(source: str | os.PathLike, extra_vars: tuple[str, ...] = (), lo
     if problems:
         raise InventoryError(problems)
     return hostvars, groups, locations
-
-
-def _variable_manager(loader, inv, cls, extra_vars: tuple[str, ...]):
-    """Ansible's VariableManager for `inv`, with `extra_vars` read as ansible-playbook reads its -e values
-    (ansible/utils/vars.py load_extra_vars, from the CLI arguments)."""
-    from ansible import context
-    from ansible.module_utils.common.collections import ImmutableDict
-    from ansible.utils import vars as ansible_vars
-
-    saved, memo = context.CLIARGS, getattr(ansible_vars.load_extra_vars, "extra_vars", None)
-    context.CLIARGS = ImmutableDict({**dict(saved), "extra_vars": tuple(extra_vars)})
-    ansible_vars.load_extra_vars.extra_vars = {}  # it memoises the first -e set it reads, process-wide
-    try:
-        return cls(loader=loader, inventory=inv)
-    finally:  # as it was (inside ansible-playbook: the run's own)
-        context.CLIARGS = saved
-        ansible_vars.load_extra_vars.extra_vars = memo
 
 
 def _resolve(value: Any, inventory_dir: str) -> Any:
