@@ -528,3 +528,20 @@ def test_dev_lock_is_hash_pinned_and_matches_dev_in():
         return sorted(re.sub(r"[-_.]+", "-", p.lower()) for p in text.split())
 
     assert norm(pins_only(req / "lock.txt")) == norm(pins_only(req / "dev.in")), "run `invoke lock.dev`"
+
+
+def test_pyproject_dependencies_are_the_locks_versions():
+    """pyproject.toml's dependencies are exact pins equal to requirements/lock.txt's, so `pip install -e .` alone
+    cannot drift from the locked venv (./dev.sh installs the lock first, then the project with --no-deps)."""
+    import tomllib
+
+    from pdstack.controller.imagebuild.pins import pins_only
+
+    def norm(pin: str) -> str:
+        return re.sub(r"[-_.]+", "-", pin.lower())
+
+    locked = {norm(p).split("==")[0]: norm(p) for p in pins_only(ROOT / "requirements" / "lock.txt").split()}
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    off = [d for d in deps if "==" not in d or locked.get(norm(d).split("==")[0]) != norm(d)]
+    assert not off, f"pyproject.toml pins {off}; requirements/lock.txt has " + str(
+        [locked.get(norm(d).split("==")[0]) for d in off])
