@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "C=1 decode tokens/s, TTFT and inter-token latency, a short concurrency sweep"),
     "smoke": ("pdstack.controller.gates.smoke",
               "recall + probe + bench against a router: the deploy gate (JSON, heatmap, summary)"),
-    "status": ("pdstack.controller.gates.status",
+    "status": ("pdstack.controller.status.status",
                "read-only health of a deployment: units, images, router, front door, watchdog, smoke, alerts"),
     "watchdog": ("pdstack.hostside.watchdog", "probe on a timer; restart a wedged decode, then prefill, with backoff"),
     "model": ("pdstack.controller.load.modellock",

@@ -82,7 +82,7 @@ def test_every_hostside_module_is_installed_by_its_role():
     for tasks in ("configure.yml", "restart.yml"):
         assert "pdstack/hostside/drain.py" in (ROOT / "roles/serving/tasks" / tasks).read_text(), tasks
     # `pdstack status` ships status_collect.py itself, each run (`ansible -m script`): no role installs it
-    from pdstack.controller.gates import status
+    from pdstack.controller.status import status
     assert status.COLLECTOR == ROOT / "pdstack" / "hostside" / "status_collect.py"
     assert json.loads(status.ansible_command("inventory/local")[-1])["cmd"].startswith(str(status.COLLECTOR) + " ")
     # roles/model installs the fetcher and its two siblings (the package tree, as the watchdog's)

@@ -54,8 +54,9 @@ def test_the_check_sees_a_function_local_import(tmp_path):
 STAGES = ("load", "check", "plan", "render", "gates")
 # Side pipelines beside the stages: the image build reads the plan; locks is a leaf utility.
 SIDE = {"imagebuild": "plan", "locks": "load"}
-# The drivers below every stage: pipeline.py runs load -> render; tune/ runs the pipeline and the gates in a loop.
-DRIVERS = ("pipeline", "tune")
+# The drivers below every stage: pipeline.py runs load -> render; tune/ runs the pipeline and the gates in a loop;
+# status/ reads the inventory and what the hosts report (`pdstack status`).
+DRIVERS = ("pipeline", "tune", "status")
 
 
 def _stage(mod: str) -> int | None:
@@ -77,7 +78,7 @@ def test_the_controller_is_its_pipeline_stages_and_nothing_else():
                    if p.suffix == ".py" and p.stem not in ("__init__", "pipeline", "locks"))
     dirs = sorted(p.name for p in ctl.iterdir() if p.is_dir() and p.name != "__pycache__")
     assert not loose, f"controller/ modules outside a stage folder: {loose}"
-    assert dirs == sorted([*STAGES, "imagebuild", "tune"]), dirs
+    assert dirs == sorted([*STAGES, "imagebuild", "tune", "status"]), dirs
 
 
 def test_each_stage_imports_only_the_stages_above_it():

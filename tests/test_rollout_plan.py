@@ -17,6 +17,7 @@ from pdstack.controller.load import inventory
 from pdstack.controller.plan import planner
 from pdstack.controller.plan import text as plan_text
 from pdstack.controller.render import frontdoor
+from pdstack.controller.render import frontdoor_answers as answers
 from pdstack.hostside import probe
 from pdstack.hostside.facts import collect
 
@@ -67,13 +68,13 @@ def test_one_of_each_role_drains_through_the_front_door_and_drain_defaults_to_th
 
 
 def test_the_front_door_and_the_probe_agree_on_the_refusal_names():
-    assert frontdoor.REFUSAL_HEADER == probe.REFUSAL_HEADER
-    assert (frontdoor.QUEUE_FULL, frontdoor.QUEUE_TIMEOUT, frontdoor.ROUTER_DOWN, frontdoor.MAINTENANCE) == (
+    assert answers.REFUSAL_HEADER == probe.REFUSAL_HEADER
+    assert (answers.QUEUE_FULL, answers.QUEUE_TIMEOUT, answers.ROUTER_DOWN, answers.MAINTENANCE) == (
         probe.QUEUE_FULL, probe.QUEUE_TIMEOUT, probe.ROUTER_DOWN_REASON, probe.MAINTENANCE)
     # the bodies' types are what refusal_reason falls back on without the header
-    assert probe.refusal_reason(503, None, json.dumps({"error": {"type": frontdoor.BODY_TYPES["router-down"]}})) \
+    assert probe.refusal_reason(503, None, json.dumps({"error": {"type": answers.BODY_TYPES["router-down"]}})) \
         == "router-down"
-    assert probe.refusal_reason(503, None, json.dumps({"error": {"type": frontdoor.BODY_TYPES["queue-timeout"]}})) \
+    assert probe.refusal_reason(503, None, json.dumps({"error": {"type": answers.BODY_TYPES["queue-timeout"]}})) \
         == "queue-timeout"
 
 
@@ -125,9 +126,9 @@ def test_the_probe_names_the_front_doors_answer(reason, code, words):
     """The answers frontdoor.py renders (header, body type), as HAProxy sends them: router down is exit 10 (the
     gates say "router down"), the others are busy (11), never a restartable failure."""
     status = 429 if reason == "queue-full" else 503
-    body = json.dumps({"error": {"message": frontdoor.MESSAGES.get(reason, "x"), "type": frontdoor.BODY_TYPES[reason],
+    body = json.dumps({"error": {"message": answers.MESSAGES.get(reason, "x"), "type": answers.BODY_TYPES[reason],
                                  "code": status}})
-    srv = _answering(status, {"Retry-After": "2", frontdoor.REFUSAL_HEADER: reason}, body)
+    srv = _answering(status, {"Retry-After": "2", answers.REFUSAL_HEADER: reason}, body)
     try:
         r = probe.probe(f"http://127.0.0.1:{srv.server_address[1]}", first_token_timeout=5, stall_timeout=2,
                         total_timeout=5)
@@ -144,7 +145,7 @@ def test_the_probe_names_the_front_doors_answer(reason, code, words):
 def test_recall_retries_busy_refusals_but_not_the_router_down(reason, status, asked, graded):
     from pdstack.controller.gates import recall
 
-    body = json.dumps({"error": {"message": frontdoor.MESSAGES[reason], "type": frontdoor.BODY_TYPES[reason],
+    body = json.dumps({"error": {"message": answers.MESSAGES[reason], "type": answers.BODY_TYPES[reason],
                                  "code": 503}})
     seen = []
 
@@ -153,7 +154,7 @@ def test_recall_retries_busy_refusals_but_not_the_router_down(reason, status, as
             seen.append(self.path)
             super().do_POST()
 
-    cls = type("C", (Counting,), {"status": 503, "headers_out": {"Retry-After": "1", frontdoor.REFUSAL_HEADER: reason},
+    cls = type("C", (Counting,), {"status": 503, "headers_out": {"Retry-After": "1", answers.REFUSAL_HEADER: reason},
                                   "body": body.encode()})
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), cls)
     threading.Thread(target=srv.serve_forever, daemon=True).start()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pdstack import cli
-from pdstack.controller.gates import status, status_judge, status_view
+from pdstack.controller.status import status, status_judge, status_view
 from pdstack.hostside import status_collect as sc
 
 DATA = Path(__file__).resolve().parent / "status_data"

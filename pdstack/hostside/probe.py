@@ -51,7 +51,7 @@ STAGES = {OK: "ok", ROUTER_DOWN: "router-down", ADMISSION: "admission", HTTP_ERR
           PREFILL_TRANSFER: "prefill/transfer", DECODE: "decode", ABORTED: "aborted", WRONG_ANSWER: "wrong-answer",
           AUTH: "auth"}
 PROBE_KEY = "pdstack probe"
-# The front door's refusals name their reason (controller/render/frontdoor.py renders them; the names agree).
+# The front door's refusals name their reason (controller/render/frontdoor_answers.py names them; the names agree).
 REFUSAL_HEADER = "X-Pdstack-Refusal"
 QUEUE_FULL, QUEUE_TIMEOUT, ROUTER_DOWN_REASON, MAINTENANCE = "queue-full", "queue-timeout", "router-down", "maintenance"
 BUSY_REASONS = (QUEUE_FULL, QUEUE_TIMEOUT, MAINTENANCE)  # retry later; not broken

@@ -215,6 +215,9 @@ _ints = list_type(int, lambda v: v >= 1, "concurrency levels are integers >= 1, 
 
 
 def register(p: argparse.ArgumentParser) -> None:
+    # Alike in shape with recall.register (and smoke.register), not in logic: each tool declares its own flags with
+    # the schema's defaults (DEFAULTS). Only --url and --timeout are shared, kept here so --help lists them in
+    # this tool's own order.
     d = DEFAULTS  # the inventory schema's pdstack_smoke defaults, as `pdstack smoke` without -i uses them
     p.add_argument("--url", required=True, help="router URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--concurrency", type=_ints, default=d["bench_concurrency"],

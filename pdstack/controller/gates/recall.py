@@ -313,6 +313,9 @@ _depth_list = list_type(float, lambda d: 0 <= d <= 100, "depths are percentages 
 
 
 def register(p: argparse.ArgumentParser) -> None:
+    # Alike in shape with bench.register (and smoke.register), not in logic: each tool declares its own flags with
+    # the schema's defaults (DEFAULTS). Only --url and --timeout are shared, kept here so --help lists them in
+    # this tool's own order.
     d = DEFAULTS  # the inventory schema's pdstack_smoke defaults, as `pdstack smoke` without -i uses them
     p.add_argument("--url", required=True, help="router URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--lengths", type=_int_list, default=d["lengths"],

@@ -3,6 +3,7 @@ flags, JSON) through the sink's encoder, which refuses what that sink cannot car
 rendered artifact can be read back and compared with what was meant (render/readback.py, tests/test_encoders.py).
 
 An encoder raises EncodeError (a ValueError) naming the value and why; callers prefix the variable it came from.
+A renderer's command line (firewall.py, frontdoor.py) reads the plan with read_plan and ends in write_or_refuse.
 The readers are in render/readers.py (re-exported here).
 """
 
@@ -11,7 +12,9 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from pdstack.controller.load import flags
@@ -32,6 +35,24 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 class EncodeError(ValueError):
     """A value its sink cannot carry."""
+
+
+def read_plan(path: str) -> dict[str, Any]:
+    """plan.json from a file, or from stdin for `-` (a renderer's --plan)."""
+    return json.loads(sys.stdin.read() if path == "-" else Path(path).read_text())
+
+
+def write_or_refuse(render: Callable[[], str], refusal: str) -> int:
+    """A renderer's command line ends here: `render()`'s text on stdout (exit 0), or `refusal: why` on stderr (exit
+    2) for a value of the plan its sink cannot carry (make_plan refuses those first; a hand-edited plan.json lands
+    here)."""
+    try:
+        text = render()
+    except EncodeError as e:
+        print(f"{refusal}: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
+    return 0
 
 
 def _text(value: Any, sink: str) -> str:

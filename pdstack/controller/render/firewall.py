@@ -15,10 +15,16 @@ import argparse
 import ipaddress
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
-from pdstack.controller.render.encoders import EncodeError, nft_address, nft_comment, nft_ident, nft_port
+from pdstack.controller.render.encoders import (
+    nft_address,
+    nft_comment,
+    nft_ident,
+    nft_port,
+    read_plan,
+    write_or_refuse,
+)
 
 TABLE = "pdstack"
 
@@ -104,17 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--address", action="append", default=[], metavar="HOST=ADDRESS",
                     help="an inventory host's pdstack_address (repeat)")
     a = ap.parse_args(argv)
-    plan = json.loads(sys.stdin.read() if a.plan == "-" else Path(a.plan).read_text())
+    plan = read_plan(a.plan)
     if a.peer_names:
         print(json.dumps(peer_names(plan, dict(x.split("=", 1) for x in a.address))))
         return 0
-    try:
-        text = nft_ruleset(plan, a.host, a.peer, a.admin_peer)
-    except EncodeError as e:
-        print(f"firewall: the nft script cannot carry a value: {e}", file=sys.stderr)
-        return 2
-    sys.stdout.write(text)
-    return 0
+    return write_or_refuse(lambda: nft_ruleset(plan, a.host, a.peer, a.admin_peer),
+                           "firewall: the nft script cannot carry a value")
 
 
 if __name__ == "__main__":

@@ -56,26 +56,46 @@ With N = -1 (admission off) no maxconn and no refusal rule are rendered.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from pdstack.controller.plan.planner import MAINTENANCE_FILE, RUNTIME_SOCKET  # noqa: F401 (the plan's)
-from pdstack.controller.render.encoders import Directive, EncodeError, haproxy_address, haproxy_text, json_text
+from pdstack.controller.render.encoders import (
+    Directive,
+    haproxy_address,
+    haproxy_text,
+    json_text,
+    read_plan,
+    write_or_refuse,
+)
+from pdstack.controller.render.frontdoor_answers import (
+    BODY_TOO_LARGE,
+    BODY_TYPES,
+    CLIENT_ERRORS,
+    HAPROXY_ERRORS,
+    MAINTENANCE,
+    MESSAGES,
+    METHOD_NOT_ALLOWED,
+    MODEL_NOT_FOUND,
+    MODEL_REQUIRED,
+    NOT_FOUND,
+    QUEUE_FULL,
+    QUEUE_TIMEOUT,
+    REFUSAL_HEADER,
+    ROUTER_DOWN,
+    SERVER_ERRORS,
+    SOURCE_LIMIT,
+    UPSTREAM_ERROR,
+    UPSTREAM_REFUSED,
+    json_error,
+    json_error_lf,
+)
 
 BACKEND = "pdstack_router"
 REFUSE_BACKEND = "pdstack_refuse"
 MAINTENANCE_BACKEND = "pdstack_maintenance"
 FRONTEND = "pdstack"
 SERVER = "router"
-# Every answer the front door itself refuses with names its reason in this header (and in the JSON body's "type"),
-# so clients and our gates tell "busy" from "router down" from "a planned restart" without parsing prose.
-REFUSAL_HEADER = "X-Pdstack-Refusal"
-QUEUE_FULL, QUEUE_TIMEOUT, ROUTER_DOWN, MAINTENANCE = "queue-full", "queue-timeout", "router-down", "maintenance"
-BODY_TOO_LARGE, REQUEST_TIMEOUT, SOURCE_LIMIT = "body-too-large", "request-timeout", "source-limit"
-MODEL_NOT_FOUND, UPSTREAM_ERROR, UPSTREAM_REFUSED = "model-not-found", "upstream-error", "upstream-refused"
-NOT_FOUND, METHOD_NOT_ALLOWED, MODEL_REQUIRED = "not-found", "method-not-allowed", "model-required"
 # The public port's API, an allow-list: the exact request target (path, no query) -> the methods it takes.
 # OpenAI's chat, completions and model list as sglang-router 0.3.2 serves them (it has no /v1/models/{id}: 404,
 # measured), SGLang's native /generate (public: SGLang's own clients and bench client speak it, and the deploy
@@ -106,30 +126,6 @@ LOG_FORMAT = ("%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %CC %CS %tsc %
               "%hr %hs %{+Q}r id=%ID")
 # an answer body that names an address or a URL is never passed on (a router 4xx that relays a worker's message)
 LEAK_REGEX = r"https?://|[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+|localhost|\[::"
-# the router's error statuses that are rewritten (0.3.2 answers these; any other status >= 400 is rewritten as 502)
-CLIENT_ERRORS = {400: "bad request", 401: "unauthorized", 403: "forbidden", 404: "not found: no such endpoint",
-                 405: "method not allowed", 406: "not acceptable", 408: "request timeout", 409: "conflict",
-                 411: "length required", 413: "request body too large", 414: "URI too long",
-                 415: "unsupported media type", 422: "unprocessable request", 429: "too many requests",
-                 431: "request headers too large"}
-SERVER_ERRORS = {500: "the model server failed on this request",
-                 501: "not implemented by the model server",
-                 502: "the model server gave no valid answer",
-                 503: "no model server is available right now; retry after Retry-After seconds",
-                 504: "the model server did not answer in time"}
-# Every other answer HAProxy itself may give, as OpenAI-shaped JSON with its reason (header and body "type"):
-# status -> (reason, message). 503 is the backend's (queue timeout or router down, below).
-HAPROXY_ERRORS = {
-    400: ("bad-request", "bad request: the request is not valid HTTP"),
-    403: ("forbidden", "forbidden: the front door refused the request"),
-    408: (REQUEST_TIMEOUT, "request timeout: the whole request did not arrive within the read timeout"),
-    413: (BODY_TOO_LARGE, "request body too large"),
-    429: (QUEUE_FULL, "too many requests"),
-    500: ("internal-error", "internal error in the front door"),
-    502: ("bad-gateway", "bad gateway: the router gave an invalid or no response"),
-    503: ("unavailable", "service unavailable"),
-    504: ("gateway-timeout", "gateway timeout: the router did not answer in time"),
-}
 # connections the public listener leaves to the metrics/health listener under HAProxy's global maxconn
 METRICS_HEADROOM = 64
 # tune.bufsize above max_body_bytes: room for the request line and headers, so a whole body fits one buffer
@@ -139,30 +135,6 @@ BUFFER_HEADROOM = 64 * 1024
 MAINTENANCE_ON = "on"
 
 
-def _json_error(message: str, kind: str, code: int) -> str:
-    # OpenAI-style error body: one haproxy.cfg word (the encoder quotes it)
-    return json_text({"error": {"message": message, "type": kind, "code": code}})
-
-
-# the JSON body's "type" per reason (OpenAI-style names where one exists)
-BODY_TYPES = {QUEUE_FULL: "rate_limit_exceeded", QUEUE_TIMEOUT: "overloaded", ROUTER_DOWN: "router_down",
-              MAINTENANCE: "maintenance", BODY_TOO_LARGE: "invalid_request_error", REQUEST_TIMEOUT: "timeout",
-              "bad-request": "invalid_request_error"}
-MESSAGES = {
-    QUEUE_TIMEOUT: "overloaded: no router slot became free within the queue timeout",
-    ROUTER_DOWN: "router down: sglang-router behind the front door does not answer",
-    MAINTENANCE: "maintenance: a server is restarting on purpose; retry after Retry-After seconds",
-}
-
-
-def _json_error_lf(up: str) -> str:
-    """The body of HAProxy's own 503 as a log-format string: queue timeout while the router is up, else router
-    down (`iif`: its arguments may hold spaces, not commas, parentheses or brackets)."""
-    body = _json_error("@MSG@", "@TYPE@", 503)
-    if any(c in MESSAGES[k] for k in (QUEUE_TIMEOUT, ROUTER_DOWN) for c in ",()[]%'"):
-        raise ValueError("the queue-timeout and router-down messages must not contain , ( ) [ ] % or '")
-    return (body.replace("@TYPE@", f"%[{up},iif({BODY_TYPES[QUEUE_TIMEOUT]},{BODY_TYPES[ROUTER_DOWN]})]")
-            .replace("@MSG@", f"%[{up},iif({MESSAGES[QUEUE_TIMEOUT]},{MESSAGES[ROUTER_DOWN]})]"))
 
 
 def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_key_file: str | None = None,
@@ -213,7 +185,7 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
         for status, (reason, message) in HAPROXY_ERRORS.items():
             add(section, "http-error", "status", str(status), "content-type", "application/json", "hdr",
                 REFUSAL_HEADER, reason, "hdr", REQUEST_ID_HEADER, REQUEST_ID, "string",
-                _json_error(message, BODY_TYPES.get(reason, reason.replace("-", "_")), status))
+                json_error(message, BODY_TYPES.get(reason, reason.replace("-", "_")), status))
 
     # in defaults (the backends' 502/504) and again on the frontend: HAProxy 2.6 answers a request it cannot parse
     # (400) with the frontend's own error messages only, not the ones it inherits
@@ -238,14 +210,14 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
         add(f, "tcp-request", "connection", "track-sc0", "src")
         add(f, "http-request", "return", "status", "429", "content-type", "application/json", "hdr", "Retry-After",
             ra, "hdr", REFUSAL_HEADER, SOURCE_LIMIT, *rid, "string",
-            _json_error(f"too many connections from your address: at most {per_source} at once",
+            json_error(f"too many connections from your address: at most {per_source} at once",
                         BODY_TYPES[QUEUE_FULL], 429), "if", "{", "sc_conn_cur(0)", "gt", str(per_source), "}")
     _public_api(add, fd, rid)
     if api_key_file:
         add(f, "http-request", "return", "status", "401", "content-type", "application/json", *rid, "string",
-            _json_error("missing or wrong API key (Authorization: Bearer KEY)", "authentication_error", 401),
+            json_error("missing or wrong API key (Authorization: Bearer KEY)", "authentication_error", 401),
             "unless", "{", "req.hdr(authorization)", "-m", "str", "-f", api_key_file, "}")
-    too_large = _json_error(f"request body too large: over {max_body} bytes", BODY_TYPES[BODY_TOO_LARGE], 413)
+    too_large = json_error(f"request body too large: over {max_body} bytes", BODY_TYPES[BODY_TOO_LARGE], 413)
     # a slot (a router connection) is taken only once the whole request arrived: a declared body over the limit is
     # refused before it is read, then the body is awaited at most request_read_timeout_secs (else 408), then a
     # chunked body (no Content-Length) over the limit is refused: a client trickling its body holds a connection,
@@ -276,7 +248,7 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
     # HAProxy's retries already knows), else a waiter's queue timeout. One http-error serves both, so its header and
     # body pick by the server's state (log-format, iif).
     add(b, "http-error", "status", "503", "content-type", "application/json", "hdr", "Retry-After", ra,
-        "hdr", REFUSAL_HEADER, f"%[{up},iif({QUEUE_TIMEOUT},{ROUTER_DOWN})]", "lf-string", _json_error_lf(up))
+        "hdr", REFUSAL_HEADER, f"%[{up},iif({QUEUE_TIMEOUT},{ROUTER_DOWN})]", "lf-string", json_error_lf(up))
     # The router's errors as OpenAI-shaped JSON, nothing internal in them: a 5xx body is replaced (its detail, an
     # internal URL or a worker's traceback, stays in the router's log; HAProxy's log line has the request id and the
     # router's x-smg-error-code), a 4xx that is not JSON is wrapped, its text kept unless it names an address
@@ -291,20 +263,20 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
     for status, message in CLIENT_ERRORS.items():
         kind = "rate_limit_exceeded" if status == 429 else "invalid_request_error"
         add(b, "http-response", "return", "status", str(status), "content-type", "application/json", *rid,
-            "lf-string", _json_error(message + "@DETAIL@", kind, status).replace("@DETAIL@",
+            "lf-string", json_error(message + "@DETAIL@", kind, status).replace("@DETAIL@",
                                                                                  "%[var(txn.pdstack_detail)]"),
             "if", "{", "status", str(status), "}", "!pdstack_res_json")
         add(b, "http-response", "return", "status", str(status), "content-type", "application/json", *rid,
-            "string", _json_error(message, kind, status), "if", "{", "status", str(status), "}", "pdstack_res_leak")
+            "string", json_error(message, kind, status), "if", "{", "status", str(status), "}", "pdstack_res_leak")
     for status, message in SERVER_ERRORS.items():
         retry = ("hdr", "Retry-After", ra) if status == 503 else ()
         add(b, "http-response", "return", "status", str(status), "content-type", "application/json", *rid, *retry,
             "hdr", REFUSAL_HEADER, UPSTREAM_REFUSED if status == 503 else UPSTREAM_ERROR, "string",
-            _json_error(message, "upstream_unavailable" if status == 503 else "upstream_error", status),
+            json_error(message, "upstream_unavailable" if status == 503 else "upstream_error", status),
             "if", "{", "status", str(status), "}")
     add(b, "http-response", "return", "status", "502", "content-type", "application/json", *rid, "hdr",
         REFUSAL_HEADER, UPSTREAM_ERROR, "string",
-        _json_error("the model server gave an unexpected error", "upstream_error", 502),
+        json_error("the model server gave an unexpected error", "upstream_error", 502),
         "if", "{", "status", "ge", "400", "}", "!pdstack_res_json")
     limits = ("maxconn", str(n), "maxqueue", str(max(q, 1))) if n > 0 else ()
     add(b, "server", SERVER, haproxy_address(fd["backend_address"], int(fd["backend_port"])), *limits,
@@ -313,11 +285,11 @@ def haproxy_directives(fd: dict[str, Any], *, log: str = "/dev/log local0", api_
     if n > 0:
         add(f"backend {REFUSE_BACKEND}", "http-request", "return", "status", "429", "content-type",
             "application/json", "hdr", "Retry-After", ra, "hdr", REFUSAL_HEADER, QUEUE_FULL, "string",
-            _json_error(f"too many requests: {n} in flight and {q} waiting", BODY_TYPES[QUEUE_FULL], 429))
+            json_error(f"too many requests: {n} in flight and {q} waiting", BODY_TYPES[QUEUE_FULL], 429))
     if maintenance_file:
         add(f"backend {MAINTENANCE_BACKEND}", "http-request", "return", "status", "503", "content-type",
             "application/json", "hdr", "Retry-After", ra, "hdr", REFUSAL_HEADER, MAINTENANCE, "string",
-            _json_error(MESSAGES[MAINTENANCE], BODY_TYPES[MAINTENANCE], 503))
+            json_error(MESSAGES[MAINTENANCE], BODY_TYPES[MAINTENANCE], 503))
     m = "frontend pdstack_metrics"
     add(m, "bind", haproxy_address(fd["metrics_bind"], int(fd["metrics_port"])))
     add(m, "no", "log")
@@ -361,14 +333,14 @@ def _public_api(add, fd: dict[str, Any], rid: tuple[str, ...]) -> None:
     methods = ", ".join(sorted({m for m in PUBLIC_ROUTES.values()}))
     add(f, "http-request", "return", "status", "404", "content-type", "application/json", "hdr", REFUSAL_HEADER,
         NOT_FOUND, *rid, "string",
-        _json_error("no such endpoint: this port serves "
+        json_error("no such endpoint: this port serves "
                     + ", ".join(f"{m} {path}" for path, m in PUBLIC_ROUTES.items()), "invalid_request_error", 404),
         "unless", "pdstack_route")
     for method in sorted(set(PUBLIC_ROUTES.values())):
         allow = "GET, HEAD" if method == "GET" else method
         add(f, "http-request", "return", "status", "405", "content-type", "application/json", "hdr", "Allow", allow,
             "hdr", REFUSAL_HEADER, METHOD_NOT_ALLOWED, *rid, "string",
-            _json_error(f"method not allowed: this endpoint takes {allow}", "invalid_request_error", 405),
+            json_error(f"method not allowed: this endpoint takes {allow}", "invalid_request_error", 405),
             "if", f"pdstack_route_{method.lower()}", f"!METH_{method}")
     # the router answers every request with wildcard CORS (Access-Control-Allow-Origin: *); none leaves here,
     # on any answer (http-after-response: HAProxy's own answers too), except an allowed origin's
@@ -448,16 +420,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--maintenance-file", default=MAINTENANCE_FILE,
                     help=f"ACL pattern file of the maintenance switch (default {MAINTENANCE_FILE}; '' for none)")
     a = ap.parse_args(argv)
-    plan = json.loads(sys.stdin.read() if a.plan == "-" else Path(a.plan).read_text())
-    try:
-        text = haproxy_config(plan["router"]["frontdoor"], log=a.log, api_key_file=a.api_key_file,
-                              stats_socket=a.stats_socket or None, user=a.user, chroot=a.chroot,
-                              maintenance_file=a.maintenance_file or None)
-    except EncodeError as e:  # make_plan refuses these first; a hand-edited plan.json lands here
-        print(f"frontdoor: haproxy.cfg cannot carry a setting of the plan's router.frontdoor: {e}", file=sys.stderr)
-        return 2
-    sys.stdout.write(text)
-    return 0
+    fd = read_plan(a.plan)["router"]["frontdoor"]
+    return write_or_refuse(lambda: haproxy_config(fd, log=a.log, api_key_file=a.api_key_file,
+                                                  stats_socket=a.stats_socket or None, user=a.user, chroot=a.chroot,
+                                                  maintenance_file=a.maintenance_file or None),
+                           "frontdoor: haproxy.cfg cannot carry a setting of the plan's router.frontdoor")
 
 
 if __name__ == "__main__":

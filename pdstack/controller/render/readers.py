@@ -29,6 +29,25 @@ def _escape(line: str, i: int, table: dict[str, str]) -> tuple[str, int] | None:
         return chr(int(line[i + 2:i + 4], 16)), 4
     return None
 
+
+def _plain(c: str, quote: str | None, word: list[str]) -> str | None:
+    """A character that is neither an escape nor an expansion: a quote opens or closes (the quote state after it is
+    returned), any other character, the other kind of quote inside quotes included, joins the word."""
+    if quote is None and c in "'\"":
+        return c
+    if c == quote:
+        return None
+    word.append(c)
+    return quote
+
+
+def _word(word: list[str], quote: str | None) -> str:
+    """The word read, once its end is reached; a quote still open there is refused."""
+    if quote is not None:
+        raise ValueError(f"unterminated {quote} quote")
+    return "".join(word)
+
+
 def systemd_split(line: str, environ: dict[str, str] | None = None) -> list[str]:
     """systemd's reading of an ExecStart= value: words split on whitespace, '...' and "..." wrap (part of) a word,
     C-style escapes in and out of quotes, `%%` -> `%` (other specifiers refused: the unit has no instance here),
@@ -80,16 +99,9 @@ def systemd_split(line: str, environ: dict[str, str] | None = None) -> list[str]
                 word.append(esc[0])
                 i += esc[1]
                 continue
-            if quote is None and c in "'\"":
-                quote = c
-            elif c == quote:
-                quote = None
-            else:
-                word.append(c)
+            quote = _plain(c, quote, word)
             i += 1
-        if quote is not None:
-            raise ValueError(f"unterminated {quote} quote")
-        words.append("".join(word))
+        words.append(_word(word, quote))
 
 
 def parse_env_file(text: str) -> dict[str, str]:
@@ -167,16 +179,9 @@ def haproxy_split(line: str) -> list[str]:
                 continue
             if quote == '"' and c == "$":
                 raise ValueError(f"column {i}: $ inside double quotes expands an environment variable")
-            if c in "'\"" and quote is None:
-                quote = c
-            elif c == quote:
-                quote = None
-            else:
-                word.append(c)
+            quote = _plain(c, quote, word)
             i += 1
-        if quote is not None:
-            raise ValueError(f"unterminated {quote} quote")
-        words.append("".join(word))
+        words.append(_word(word, quote))
 
 
 def parse_haproxy(text: str) -> list[Directive]:

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pdstack.controller.gates import status_judge, status_view
 from pdstack.controller.load import inventory, rules
+from pdstack.controller.status import status_judge, status_view
 from pdstack.errors import InventoryError, PdstackError
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pdstack.controller.gates.status_judge import ATTENTION, NOTE, UNREACHABLE, ago, refusals, unit_state
+from pdstack.controller.status.status_judge import ATTENTION, NOTE, UNREACHABLE, ago, refusals, unit_state
 
 COLORS = {"red": "31", "yellow": "33", "green": "32", "bold": "1", "dim": "2"}
 
