@@ -270,7 +270,7 @@ def test_local_inventory_plans_on_a_simulated_host():
 
 
 def test_pd_timeout_defaults_are_sglangs_own():
-    from pdstack.controller.load.inventory import PD
+    from pdstack.controller.load.variables import PD
     from pdstack.upstream import sglang_module
     environ = sglang_module("sglang.srt.environ")
     for key, name in planner.PD_ENV.items():

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from pdstack.controller.check import preflight
-from pdstack.controller.load import flags, host_settings, inventory, recall_grid, rules, variables
+from pdstack.controller.load import flags, host_settings, recall_grid, rules, variables
 from pdstack.controller.load.inventory import Deployment
 from pdstack.controller.plan import model as model_plan
 from pdstack.controller.plan import p2p_plan
@@ -266,7 +266,7 @@ def server_flags(dep: Deployment, s: dict, hc: HiCachePlan) -> list[str]:
     if m["trust_remote_code"]:
         out += ["--trust-remote-code"]
     for key in ("tool_call_parser", "reasoning_parser"):  # no --chat-template: SGLang uses the model's own
-        if value := inventory.parser_setting(m, key):
+        if value := variables.parser_setting(m, key):
             out += [f"--{key.replace('_', '-')}", value]
     if hc.enabled and s["role"] == "decode":
         # 0.5.23 turns a decode server's radix cache off unless this flag is given, then refuses HiCache without a
