@@ -18,7 +18,6 @@ import pytest
 import yaml
 
 from pdstack.controller import pipeline
-from pdstack.controller.check import model as model_check
 from pdstack.controller.gates import smoke_settings
 from pdstack.controller.load import inventory, modellock
 from pdstack.controller.plan import model as model_plan
@@ -157,9 +156,9 @@ def test_room_counts_what_is_already_there_and_what_a_broken_transfer_left(tmp_p
     lock = _lock()
     shard1, shard2 = lock["files"][1]["path"], lock["files"][2]["path"]
     # one shard in place, half of the other in staging: 20 GB (+ the small files) still to come
-    assert model_check.missing_bytes(lock, {shard1: 40 * 10**9}, {shard2: 20 * 10**9}) == 20 * 10**9 + 109
+    assert modellock.missing_bytes(lock, {shard1: 40 * 10**9}, {shard2: 20 * 10**9}) == 20 * 10**9 + 109
     # a shard of the wrong size in place counts in full
-    assert model_check.missing_bytes(lock, {shard1: 1}, {}) == 80 * 10**9 + 109
+    assert modellock.missing_bytes(lock, {shard1: 1}, {}) == 80 * 10**9 + 109
     inv = _inventory(tmp_path, HF, lock)
     assert _problems(inv, _with_disk(25 * 10**9, files={shard1: 40 * 10**9}, partial={shard2: 20 * 10**9})) == []
     assert _problems(inv, _with_disk(21 * 10**9, files={shard1: 40 * 10**9}, partial={shard2: 20 * 10**9}))

@@ -15,7 +15,7 @@ import yaml
 
 from pdstack.controller import pipeline
 from pdstack.controller.load import flags, inventory
-from pdstack.controller.plan import planner
+from pdstack.controller.plan import image_choice, planner
 from pdstack.controller.plan.text import render_text
 from pdstack.errors import InventoryError
 
@@ -270,7 +270,7 @@ def test_local_inventory_plans_on_a_simulated_host():
 
 
 def test_pd_timeout_defaults_are_sglangs_own():
-    from pdstack.controller.load.inventory import PD
+    from pdstack.controller.load.variables import PD
     from pdstack.upstream import sglang_module
     environ = sglang_module("sglang.srt.environ")
     for key, name in planner.PD_ENV.items():
@@ -300,7 +300,7 @@ def test_build_manifest_gives_tag_id_and_absolute_tarball(tmp_path: Path):
     m = tmp_path / "manifest-prod.json"
     m.write_text(json.dumps({"tag": "pdstack/sglang:0123456789abcdef", "image_id": "sha256:ab",
                              "saved": {"path": "build/images/prod.tar"}}))
-    ref, image_id, tarball, pull, _ = planner.resolve_image({"manifest": str(m), "ref": None, "tarball": None,
+    ref, image_id, tarball, pull, _ = image_choice.resolve_image({"manifest": str(m), "ref": None, "tarball": None,
                                                               "engine": "sglang"}, [])
     assert (ref, image_id, pull) == ("pdstack/sglang:0123456789abcdef", "sha256:ab", None)
     assert Path(tarball).is_absolute() and tarball.endswith("build/images/prod.tar")
@@ -328,7 +328,7 @@ def _image(manifest: Path, **kw) -> dict:
 
 def test_registry_pulls_the_pushed_digest_from_the_hosts_registry_address(tmp_path: Path):
     # pushed through the controller's loopback; the hosts reach the same registry at another address
-    img = planner.resolve_image(_image(_manifest(tmp_path), registry="172.18.0.1:5000"), [])
+    img = image_choice.resolve_image(_image(_manifest(tmp_path), registry="172.18.0.1:5000"), [])
     assert img.pull == f"172.18.0.1:5000/pdstack/sim@{DIGEST}"
     assert img.ref == SIM_TAG and img.tarball is None and img.image_id == "sha256:ab"  # units keep running the tag
     assert img.labels == {"io.pdstack.flavor": "sim", "io.pdstack.inputs.sha256": "f" * 64}
@@ -339,11 +339,11 @@ def test_registry_without_a_push_fails_when_deploying_and_warns_when_planning(tm
     with pytest.raises(InventoryError, match=r"pdstack_image.registry is set, but .* records no push of "
                                              r"pdstack/sim:0123456789abcdef .*invoke build --flavor sim --push .*"
                                              r"or set pdstack_image.digest"):
-        planner.resolve_image(image, [])
+        image_choice.resolve_image(image, [])
     warnings: list[str] = []
-    assert planner.resolve_image(image, warnings, require=False).ref is None and "records no push" in warnings[0]
+    assert image_choice.resolve_image(image, warnings, require=False).ref is None and "records no push" in warnings[0]
     # an explicit digest instead of the push record
-    img = planner.resolve_image({**image, "digest": DIGEST}, [])
+    img = image_choice.resolve_image({**image, "digest": DIGEST}, [])
     assert img.pull == f"172.18.0.1:5000/pdstack/sim@{DIGEST}"
 
 
@@ -351,7 +351,7 @@ def test_registry_refuses_a_digest_the_manifest_did_not_push(tmp_path: Path):
     other = "sha256:" + "6" * 64
     with pytest.raises(InventoryError, match=rf"pdstack_image.digest: {other} is not the digest .* recorded for "
                                              rf"{SIM_TAG} \({DIGEST}.*remove digest"):
-        planner.resolve_image(_image(_manifest(tmp_path), registry="172.18.0.1:5000", digest=other), [])
+        image_choice.resolve_image(_image(_manifest(tmp_path), registry="172.18.0.1:5000", digest=other), [])
 
 
 def test_registry_refuses_a_push_record_of_another_image(tmp_path: Path):
@@ -359,19 +359,19 @@ def test_registry_refuses_a_push_record_of_another_image(tmp_path: Path):
              "digest_ref": f"127.0.0.1:5000/pdstack/sim@{DIGEST}"}
     with pytest.raises(InventoryError, match=r"pdstack_image.manifest: .* records a push of .*fedcba9876543210.* not "
                                              r"of its image pdstack/sim:0123456789abcdef; push this image again"):
-        planner.resolve_image(_image(_manifest(tmp_path, pushed=stale), registry="172.18.0.1:5000"), [])
+        image_choice.resolve_image(_image(_manifest(tmp_path, pushed=stale), registry="172.18.0.1:5000"), [])
 
 
 def test_a_manifest_of_the_other_flavor_is_refused(tmp_path: Path):
     with pytest.raises(InventoryError, match=r"pdstack_image.manifest: .* describes a sim image, but "
                                              r"pdstack_image.engine 'sglang' runs the prod image; point manifest at "
                                              r"build/manifest-prod.json"):
-        planner.resolve_image(_image(_manifest(tmp_path), engine="sglang"), [])
+        image_choice.resolve_image(_image(_manifest(tmp_path), engine="sglang"), [])
 
 
 def test_a_digest_ref_with_a_registry_is_pulled_and_run_as_is():
     ref = f"172.18.0.1:5000/pdstack/sim@{DIGEST}"
-    img = planner.resolve_image({"manifest": None, "ref": ref, "tarball": None, "registry": "172.18.0.1:5000",
+    img = image_choice.resolve_image({"manifest": None, "ref": ref, "tarball": None, "registry": "172.18.0.1:5000",
                                  "digest": None, "engine": "sim"}, [])
     assert (img.ref, img.pull, img.tarball, img.labels) == (ref, ref, None, {})
 

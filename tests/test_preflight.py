@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from pdstack.controller import pipeline
-from pdstack.controller.check import preflight
-from pdstack.controller.load import flags, inventory, rules
+from pdstack.controller.check import extra_args, network, preflight
+from pdstack.controller.load import flags, inventory, rules, tables
 from pdstack.controller.plan import planner
 from pdstack.errors import InventoryError
 
@@ -767,16 +767,16 @@ def test_every_flag_the_planner_renders_is_owned_by_meaning(inv: Path, tmp_path:
     dep = inventory.load(inv)  # an IB device is checked against the host's facts: they list it
     p = pipeline.make_plan(dep, pipeline.load_facts(_facts(tmp_path, lambda f: f.update(infiniband=["mlx5_0"])),
                                                     list(dep.hosts)))
-    owned = set(preflight._dests(flags.sglang_parser(), preflight.OWNED_FLAGS))
+    owned = set(extra_args.dests(flags.sglang_parser(), tables.OWNED_FLAGS))
     for s in p.servers:
         assert set(flags.dests_set(flags.sglang_parser(), s.flags)) - owned == set(), s.name
-    router_owned = set(preflight._dests(flags.router_parser(), preflight.OWNED_ROUTER_FLAGS))
+    router_owned = set(extra_args.dests(flags.router_parser(), tables.OWNED_ROUTER_FLAGS))
     assert set(flags.dests_set(flags.router_parser(), p.router.flags)) - router_owned == set()
 
 
 def test_listeners_cover_every_service_of_the_deployment(inv: Path):
     dep = inventory.load(inv)
-    by_what = {c.what: c.port for c in preflight.listeners(dep)}
+    by_what = {c.what: c.port for c in network.listeners(dep)}
     assert {"node_exporter": 9100, "Prometheus": 9090, "Grafana": 3000, "dcgm-exporter": 9400}.items() <= \
         by_what.items()
     assert by_what["sshd (Ansible reaches the host there)"] == 22
@@ -925,7 +925,7 @@ def test_exporter_ports_have_one_source_the_role_defaults(inv: Path):
     dc = rules.role_port("dcgm_exporter", "dcgm_exporter_port")
     assert (ne, dc) == (9100, 9400)
     assert (scrape.NODE_EXPORTER_PORT, scrape.DCGM_EXPORTER_PORT) == (ne, dc)
-    by_what = {c.what: c.port for c in preflight.listeners(inventory.load(inv))}
+    by_what = {c.what: c.port for c in network.listeners(inventory.load(inv))}
     assert (by_what["node_exporter"], by_what["dcgm-exporter"]) == (ne, dc)
     mon = plan(inv).to_dict()["monitoring"]
     assert (mon["node_exporter_port"], mon["dcgm_exporter_port"]) == (ne, dc)
@@ -948,7 +948,7 @@ MONITORING = "group_vars/all/monitoring.yml"
 
 
 def _listener(dep, what: str) -> dict[str, tuple]:
-    return {c.host: (c.port, c.variable) for c in preflight.listeners(dep) if c.what == what}
+    return {c.host: (c.port, c.variable) for c in network.listeners(dep) if c.what == what}
 
 
 def test_preflight_checks_the_ports_the_inventory_moves(inv: Path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pdstack.controller.gates import recall
+from pdstack.controller.gates import recall, recall_report
 from pdstack.testing.sim import model
 from pdstack.testing.sim.vocab import TOKENIZER_DIR as SIM_TOKENIZER
 
@@ -44,19 +44,19 @@ def test_multi_needle_prompt_has_every_needle(builder):
 
 
 def test_grid_parsing():
-    assert recall._int_list("1K,2k, 4096") == [1000, 2000, 4096]
-    assert recall._depth_list("100,0,50") == [0, 50, 100]
+    assert recall.int_list("1K,2k, 4096") == [1000, 2000, 4096]
+    assert recall.depth_list("100,0,50") == [0, 50, 100]
     with pytest.raises(argparse.ArgumentTypeError):
-        recall._depth_list("120")
+        recall.depth_list("120")
 
 
 def test_horizon_is_contiguous_from_the_shortest_length():
     def cell(n, d, ok):
-        c = recall.Cell("single", n, d, n)
-        c.outcomes.append(recall.Outcome("k", d, "pass" if ok else "wrong"))
+        c = recall_report.Cell("single", n, d, n)
+        c.outcomes.append(recall_report.Outcome("k", d, "pass" if ok else "wrong"))
         return c
     cells = [cell(1000, 0, True), cell(2000, 0, False), cell(4000, 0, True)]
-    rep = recall.RecallReport("u", "t", [1000, 2000, 4000], [0], ["single"], 1, cells, min_horizon=2000)
+    rep = recall_report.RecallReport("u", "t", [1000, 2000, 4000], [0], ["single"], 1, cells, min_horizon=2000)
     assert rep.horizon() == 1000 and not rep.passed
     assert "X" in rep.table()
 
@@ -66,10 +66,10 @@ def test_pdstack_recall_heatmap_draws_the_report(tmp_path, monkeypatch, capsys):
     report of two cells, so no server is needed): a PNG at FILE, named on stdout."""
     cells = []
     for n, ok in ((1000, True), (2000, False)):
-        c = recall.Cell("single", n, 0, n)
-        c.outcomes.append(recall.Outcome("k", 0, "pass" if ok else "wrong"))
+        c = recall_report.Cell("single", n, 0, n)
+        c.outcomes.append(recall_report.Outcome("k", 0, "pass" if ok else "wrong"))
         cells.append(c)
-    rep = recall.RecallReport("http://r", "t", [1000, 2000], [0], ["single"], 1, cells, min_horizon=0)
+    rep = recall_report.RecallReport("http://r", "t", [1000, 2000], [0], ["single"], 1, cells, min_horizon=0)
     monkeypatch.setattr(recall, "run_recall", lambda *a, **kw: rep)
     p = argparse.ArgumentParser()
     recall.register(p)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pdstack.controller.gates import recall
+from pdstack.controller.gates import recall, recall_report
 from pdstack.controller.load import inventory, recall_grid
 from pdstack.testing.sim import model
 from pdstack.testing.sim.faults import Faults
@@ -25,7 +25,7 @@ def sim_ask(monkeypatch, seen: list[str] | None = None, **faults):
         if seen is not None:
             seen.append(prompt)
         text = model.answer(prompt, 0, **faults).text
-        return recall.Outcome(needle.key, needle.depth, "pass" if needle.code in text else "wrong", answer=text)
+        return recall_report.Outcome(needle.key, needle.depth, "pass" if needle.code in text else "wrong", answer=text)
     monkeypatch.setattr(recall, "ask", ask)
 
 

@@ -20,8 +20,8 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from pdstack.controller.check.tables import _where
 from pdstack.controller.load import flags
+from pdstack.controller.load.tables import server_where
 
 # flag -> what it asks: GiB per TP rank per unit of its value
 COUNTED_HOST_MEMORY = {"cpu-offload-gb": "CPU offload of weights"}
@@ -162,7 +162,7 @@ def _pool_problems(h, i: int, s: dict, f: dict, node: int, avail: float, p: list
     mff = finite_number(sink_value(s["extra_args"].get("mem-fraction-static"), float))
     share, said = (mff, f"mem-fraction-static {mff:g}") if mff and 0 < mff < 1 else (1.0, "all of it")
     static = gpu_gib * share
-    where = _where(h.name, i, s)
+    where = server_where(h.name, i, s)
     ratio = math.floor(budget / pool * 1000) / 1000
     if pool > static:
         p.append(f"{where}.hicache.device_kv_pool_gb: {pool:g} GiB is more than its {len(mem)} GPU(s) hold for "

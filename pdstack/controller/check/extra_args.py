@@ -8,12 +8,12 @@ import json
 import posixpath
 from typing import Any
 
-from pdstack.controller.check.tables import _REMOTE_PORT_WORDS, SECRET_WORDS
 from pdstack.controller.load import flags, rules
+from pdstack.controller.load.tables import REMOTE_PORT_WORDS, SECRET_WORDS
 from pdstack.switches import BF16_INDEX_K_ENV, PD_ENV, SM120_INDEXER_ENV, TILELANG_INDEXER_ENV
 
 
-def _dests(parser, table) -> dict[str, tuple[str, str]]:
+def dests(parser, table) -> dict[str, tuple[str, str]]:
     """{dest: (flag, variable)} of a flag table."""
     out = {}
     for flag, var in (table.items() if isinstance(table, dict) else ((f, "") for f in table)):
@@ -40,7 +40,7 @@ def owned_env() -> dict[str, str]:
     return env
 
 
-def _extra_arg_problems(parser, where: str, key: str, value: Any, owned: dict, refused: dict,
+def extra_arg_problems(parser, where: str, key: str, value: Any, owned: dict, refused: dict,
                         what: str, model_path: str | None = None) -> list[str]:
     """Problems of one extra_args entry: the flag exists, is not the planner's, and its value has a form the flag
     takes and the unit can carry. `refused`: {dest: (flag, reason)}."""
@@ -127,12 +127,12 @@ def _path_problems(path: str, key: str, value: str, mount: str | None, at_file: 
     return []
 
 
-def _listener_ports(parser, extra: dict) -> list[tuple[int, str, str]]:
+def listener_ports(parser, extra: dict) -> list[tuple[int, str, str]]:
     """(port, key, dest) of every extra flag that makes the server listen on a port."""
     out = []
     for key, value in extra.items():
         a = flags.action_for(parser, f"--{key}")
-        if a is None or not a.dest.endswith("_port") or any(w in a.dest for w in _REMOTE_PORT_WORDS):
+        if a is None or not a.dest.endswith("_port") or any(w in a.dest for w in REMOTE_PORT_WORDS):
             continue
         if isinstance(value, str) and a.type is int:  # "30001" is the port 30001 to SGLang
             try:

@@ -11,9 +11,9 @@ facts:   each serving host's filesystem under pdstack_model.path has room for th
 
 from __future__ import annotations
 
-from typing import Any
-
+from pdstack.controller.load.facts import host_model_facts
 from pdstack.controller.load.inventory import Deployment
+from pdstack.controller.load.modellock import missing_bytes
 
 # the keys each source type uses; every other key of SOURCE is refused for it (a url on an rsync source is a typo)
 NEEDS = {"hf": ("repo", "revision"), "http": ("url",), "rsync": ("rsync",), "path": ()}
@@ -63,30 +63,6 @@ def static_problems(dep: Deployment, p: list[str]) -> None:
 
 def size(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 10**8 else f"{n / 1e6:.1f} MB"
-
-
-def missing(lock: dict[str, Any], present: dict[str, int], partial: dict[str, int]) -> list[tuple[str, int]]:
-    """(path, bytes still to write) of each locked file a fetch must write: a file present at its locked size needs
-    none (a wrong hash at the right size is found by the fetcher's verify, and its space comes back on the move); a
-    partial transfer in staging needs the rest."""
-    out = []
-    for f in lock["files"]:
-        if present.get(f["path"]) == f["size"]:
-            continue
-        done = partial.get(f["path"], 0)
-        out.append((f["path"], f["size"] - done if 0 <= done <= f["size"] else f["size"]))
-    return out
-
-
-def missing_bytes(lock: dict[str, Any], present: dict[str, int], partial: dict[str, int]) -> int:
-    return sum(n for _, n in missing(lock, present, partial))
-
-
-def host_model_facts(dep: Deployment, facts: dict[str, dict], host: str) -> dict[str, Any] | None:
-    """The facts script's report on pdstack_model.path for `host`, when it has one with the free space."""
-    m = facts.get(host, {}).get("model")
-    ok = isinstance(m, dict) and m.get("path") == dep.model["path"] and isinstance(m.get("disk"), dict)
-    return m if ok and isinstance(m["disk"].get("free_bytes"), int) else None
 
 
 def facts_problems(dep: Deployment, facts: dict[str, dict], p: list[str]) -> None:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
 
-from pdstack.controller.check.extra_args import _listener_ports
-from pdstack.controller.check.tables import _where
-from pdstack.controller.load import flags, inventory, rules
+from pdstack.controller.check.extra_args import listener_ports
+from pdstack.controller.load import exporters, flags, rules
 from pdstack.controller.load.inventory import Deployment
+from pdstack.controller.load.tables import server_where
 
 # ------------------------------------------------------------------------------------------------ ports
 # Every TCP port the deployment listens on, per host. One entry per listener: a new one (a front door, an
@@ -29,16 +28,8 @@ def _sshd(dep: Deployment) -> list[rules.Listener]:
             for h in dep.hosts]
 
 
-def _all_hosts(dep: Deployment) -> list[str]:
-    return list(dep.hosts)
-
-
 def _monitoring_hosts(dep: Deployment) -> list[str]:
     return list(dep.monitoring_hosts)
-
-
-def _gpu_hosts(dep: Deployment) -> list[str]:
-    return [h.name for h in dep.hosts.values() if h.servers and dep.image["engine"] == "sglang"]
 
 
 def _server_listeners(dep: Deployment) -> list[rules.Listener]:
@@ -46,12 +37,12 @@ def _server_listeners(dep: Deployment) -> list[rules.Listener]:
     parser = flags.sglang_parser()
     for h in dep.hosts.values():
         for i, s in enumerate(h.servers):
-            where = _where(h.name, i, s)
+            where = server_where(h.name, i, s)
             out.append(rules.Listener(h.name, s["ports"]["http"], f"{where}.ports.http", f"{s['name']}'s HTTP API"))
             if s["role"] == "prefill":
                 out.append(rules.Listener(h.name, s["ports"]["bootstrap"], f"{where}.ports.bootstrap",
                                           f"{s['name']}'s PD bootstrap server"))
-            for port, key, dest in _listener_ports(parser, s["extra_args"]):
+            for port, key, dest in listener_ports(parser, s["extra_args"]):
                 out.append(rules.Listener(h.name, port, f"{where}.extra_args.{key}", f"{s['name']}'s {dest}"))
     return out
 
@@ -68,10 +59,10 @@ def _router_listeners(dep: Deployment) -> list[rules.Listener]:
 
 LISTENERS = [
     _sshd,
-    _fixed("node_exporter_port", "node_exporter", _all_hosts),
+    _fixed("node_exporter_port", "node_exporter", exporters.all_hosts),
     _fixed("prometheus_listen", "Prometheus", _monitoring_hosts),
     _fixed("grafana_port", "Grafana", _monitoring_hosts),
-    _fixed("dcgm_exporter_port", "dcgm-exporter", _gpu_hosts),
+    _fixed("dcgm_exporter_port", "dcgm-exporter", exporters.gpu_hosts),
     _server_listeners,
     _router_listeners,
 ]
@@ -81,22 +72,15 @@ def listeners(dep: Deployment) -> list[rules.Listener]:
     return [claim for entry in LISTENERS for claim in entry(dep)]
 
 
-def scraped_port(dep: Deployment, key: str) -> Any:
-    """The one port Prometheus scrapes an exporter on (node_exporter_port on every host, dcgm_exporter_port on the
-    GPU hosts): the inventory's value, else the role's default. Preflight refuses values that differ by host."""
-    hosts = _gpu_hosts(dep) if key == "dcgm_exporter_port" else _all_hosts(dep)
-    return dep.service_port(hosts[0], key)[0] if hosts else rules.role_port(inventory.ROLE_PORT_VARS[key], key)
-
-
 def _scraped_port_problems(dep: Deployment, p: list[str]) -> None:
-    for key, hosts in (("node_exporter_port", _all_hosts(dep)), ("dcgm_exporter_port", _gpu_hosts(dep))):
-        ports = {h: dep.service_port(h, key)[0] for h in hosts}
+    for key in ("node_exporter_port", "dcgm_exporter_port"):
+        ports = {h: dep.service_port(h, key)[0] for h in exporters.exporter_hosts(dep, key)}
         if len({repr(v) for v in ports.values()}) > 1:
             p.append(f"{key}: differs between hosts ({', '.join(f'{h} {v}' for h, v in ports.items())}), but "
                      "Prometheus scrapes one port on every host; set it once in group_vars/all")
 
 
-def _port_problems(dep: Deployment, p: list[str]) -> None:
+def port_problems(dep: Deployment, p: list[str]) -> None:
     _scraped_port_problems(dep, p)
     used: dict[tuple[str, int], rules.Listener] = {}
     for c in listeners(dep):
@@ -115,7 +99,7 @@ def _port_problems(dep: Deployment, p: list[str]) -> None:
             used[(c.host, c.port)] = c
 
 
-def _address_problems(dep: Deployment, p: list[str], deploy: bool) -> None:
+def address_problems(dep: Deployment, p: list[str], deploy: bool) -> None:
     """Each host's address is one the other hosts reach it at (production's stricter rules: check/production.py)."""
     multi = len(dep.hosts) > 1
     seen: dict[str, str] = {}

@@ -15,20 +15,12 @@ checks run too (GPU count, NUMA nodes, HiCache budget per node). Exit 0 when cle
 
 from __future__ import annotations
 
-from pdstack.controller.check import model as _model
-from pdstack.controller.check.extra_args import _dests, owned_env  # noqa: F401 (re-exported)
-from pdstack.controller.check.network import _address_problems, _port_problems, listeners, scraped_port  # noqa: F401
+from pdstack.controller.check import model as model_check
+from pdstack.controller.check.network import address_problems, port_problems
 from pdstack.controller.check.production import production_facts_problems, production_problems
-from pdstack.controller.check.router import _rollout_problems, _router_problems, _smoke_problems
-from pdstack.controller.check.servers import _deployment_problems, _pd_agreement_problems, _server_problems
-from pdstack.controller.check.tables import *  # noqa: F401,F403 (the tables, re-exported for callers and tests)
-from pdstack.controller.check.tables import OWNED_FLAGS, OWNED_ROUTER_FLAGS  # noqa: F401
-from pdstack.controller.check.topology import (  # noqa: F401
-    facts_problem,
-    gpu_numa_node,
-    resolve_node,
-)
-from pdstack.controller.check.topology import topology_problems as _host_topology_problems
+from pdstack.controller.check.router import rollout_problems, router_problems, smoke_problems
+from pdstack.controller.check.servers import deployment_problems, pd_agreement_problems, server_problems
+from pdstack.controller.check.topology import topology_problems as host_topology_problems
 from pdstack.controller.load.inventory import Deployment
 
 
@@ -37,16 +29,16 @@ def static_problems(dep: Deployment, deploy: bool = True) -> list[str]:
     `pdstack plan --require-image`): placeholder addresses are errors; a dry plan only warns about them."""
     p: list[str] = []
     servers = [(h.name, i, s) for h in dep.hosts.values() for i, s in enumerate(h.servers)]
-    _deployment_problems(dep, servers, p)
+    deployment_problems(dep, servers, p)
     for host, i, s in servers:
-        _server_problems(dep, host, i, s, p)
-    _pd_agreement_problems(dep, servers, p)
-    _router_problems(dep, p)
-    _rollout_problems(dep, p)
-    _port_problems(dep, p)
-    _address_problems(dep, p, deploy)
-    _smoke_problems(dep, p)
-    _model.static_problems(dep, p)
+        server_problems(dep, host, i, s, p)
+    pd_agreement_problems(dep, servers, p)
+    router_problems(dep, p)
+    rollout_problems(dep, p)
+    port_problems(dep, p)
+    address_problems(dep, p, deploy)
+    smoke_problems(dep, p)
+    model_check.static_problems(dep, p)
     p.extend(production_problems(dep, deploy))
     return p
 
@@ -54,6 +46,6 @@ def static_problems(dep: Deployment, deploy: bool = True) -> list[str]:
 def topology_problems(dep: Deployment, facts: dict[str, dict]) -> list[str]:
     """Every check against the hosts' facts: each host's own (topology.py, budgets.py), then production's
     cross-host rules (production.py)."""
-    p = _host_topology_problems(dep, facts) + production_facts_problems(dep, facts)
-    _model.facts_problems(dep, facts, p)
+    p = host_topology_problems(dep, facts) + production_facts_problems(dep, facts)
+    model_check.facts_problems(dep, facts, p)
     return p

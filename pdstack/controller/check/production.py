@@ -8,9 +8,9 @@ servers' RDMA settings with each host's recorded facts.
 
 from __future__ import annotations
 
-from pdstack.controller.check.tables import _where
 from pdstack.controller.load import rules
 from pdstack.controller.load.inventory import Deployment
+from pdstack.controller.load.tables import server_where
 
 # SGLang 0.5.23's transfer backends (sglang/srt/disaggregation/utils.py TransferBackend, and
 # sglang/srt/arg_groups/choices.py DISAGG_TRANSFER_BACKEND_CHOICES, which adds mooncake_tcp:
@@ -40,11 +40,11 @@ def production_problems(dep: Deployment, deploy: bool = True) -> list[str]:
     for host, i, s in servers:
         backend = s["transfer"]["backend"]
         if backend in NOT_PRODUCTION_BACKENDS:
-            p.append(f"{_where(host, i, s)}.transfer.backend: {backend!r} is {NOT_PRODUCTION_BACKENDS[backend]}; in "
-                     "production set transfer.backend: mooncake (RDMA), nixl, or mooncake_tcp (no RDMA) on every "
-                     "prefill and decode server")
+            p.append(f"{server_where(host, i, s)}.transfer.backend: {backend!r} is "
+                     f"{NOT_PRODUCTION_BACKENDS[backend]}; in production set transfer.backend: mooncake (RDMA), nixl, "
+                     "or mooncake_tcp (no RDMA) on every prefill and decode server")
     _rdma_pair_problems(servers, p)
-    _address_problems(dep, p, deploy)
+    address_problems(dep, p, deploy)
     return p
 
 
@@ -73,7 +73,7 @@ def _rdma_pair_problems(servers, p: list[str]) -> None:
         if peers:
             who = ", ".join(f"{ps['name']} ({ps['role']}, {ph}: {ps['transfer']['ib_device']})"
                             for ph, _pi, ps in peers)
-            p.append(f"{_where(host, i, s)}.transfer.ib_device: unset, but its PD peers name their RDMA devices "
+            p.append(f"{server_where(host, i, s)}.transfer.ib_device: unset, but its PD peers name their RDMA devices "
                      f"({who}); set transfer.ib_device on this {s['role']} server too (`ibv_devices` on {host} lists "
                      "them), or unset it on every server")
 
@@ -100,13 +100,13 @@ def production_facts_problems(dep: Deployment, facts: dict[str, dict]) -> list[s
             mine, theirs = devices(host), devices(peer_host)
             if mine and theirs is None and (host, peer_host) not in seen:
                 seen.add((host, peer_host))
-                p.append(f"{_where(host, i, s)}.transfer.backend: {s['transfer']['backend']} moves KV over RDMA, "
+                p.append(f"{server_where(host, i, s)}.transfer.backend: {s['transfer']['backend']} moves KV over RDMA, "
                          f"and host {host} has RDMA devices ({', '.join(mine)}), but the facts of its PD peer "
                          f"{peer['name']}'s host {peer_host} have no InfiniBand list at all, so the pair cannot be "
                          f"checked; record {peer_host}'s facts again with `pdstack facts` (the facts phase)")
             elif mine and theirs == []:
                 seen.add((host, peer_host))
-                p.append(f"{_where(host, i, s)}.transfer.backend: {s['transfer']['backend']} moves KV over RDMA, "
+                p.append(f"{server_where(host, i, s)}.transfer.backend: {s['transfer']['backend']} moves KV over RDMA, "
                          f"and host {host} has RDMA devices ({', '.join(mine)}), but its PD peer {peer['name']}'s "
                          f"host {peer_host} lists none (/sys/class/infiniband is empty in its facts); fix the RDMA "
                          f"driver on {peer_host} and record its facts again, or set transfer.backend: mooncake_tcp "
@@ -114,7 +114,7 @@ def production_facts_problems(dep: Deployment, facts: dict[str, dict]) -> list[s
     return p
 
 
-def _address_problems(dep: Deployment, p: list[str], deploy: bool) -> None:
+def address_problems(dep: Deployment, p: list[str], deploy: bool) -> None:
     """Addresses production needs real: no loopback (the controller's smoke gate and the operators reach the router
     host at it) and no documentation range (the production example's placeholder)."""
     multi = len(dep.hosts) > 1

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-from pdstack.controller.check.extra_args import _dests, _extra_arg_problems
-from pdstack.controller.check.tables import OWNED_ROUTER_FLAGS, WORKER_SET_ROUTER_FLAGS
+from pdstack.controller.check.extra_args import dests, extra_arg_problems
 from pdstack.controller.load import flags, recall_grid, rules
 from pdstack.controller.load.inventory import Deployment
+from pdstack.controller.load.tables import OWNED_ROUTER_FLAGS, WORKER_SET_ROUTER_FLAGS
 
 
-def _router_problems(dep: Deployment, p: list[str]) -> None:
+def router_problems(dep: Deployment, p: list[str]) -> None:
     r = dep.router
     parser = flags.router_parser()
-    owned = _dests(parser, OWNED_ROUTER_FLAGS)
+    owned = dests(parser, OWNED_ROUTER_FLAGS)
     refused = {d: f"--{flag} adds workers from outside the inventory or changes the router's mode (the workers are "
                   "exactly the pdstack_servers, in PD mode)" for d, (flag, _) in
-               _dests(parser, WORKER_SET_ROUTER_FLAGS).items()}
+               dests(parser, WORKER_SET_ROUTER_FLAGS).items()}
     before = len(p)
     for key, value in r["extra_args"].items():
-        p.extend(_extra_arg_problems(parser, "pdstack_router", key, value, owned, refused, "sglang-router 0.3.2"))
+        p.extend(extra_arg_problems(parser, "pdstack_router", key, value, owned, refused, "sglang-router 0.3.2"))
     if len(p) == before and r["extra_args"]:
         err = flags.check_router(["--pd-disaggregation", "--prefill", "http://x:1", "--decode", "http://y:1",
                                   *flags.render_extra(r["extra_args"], parser)])
@@ -47,7 +47,7 @@ def _router_problems(dep: Deployment, p: list[str]) -> None:
                  f"{ret['initial_backoff_ms']}; the cap must be >= the first backoff")
 
 
-def _rollout_problems(dep: Deployment, p: list[str]) -> None:
+def rollout_problems(dep: Deployment, p: list[str]) -> None:
     drain, limit = dep.rollout.get("drain_timeout_secs"), dep.router["request_timeout_secs"]
     if isinstance(drain, int) and not isinstance(drain, bool) and isinstance(limit, int) and drain > limit:
         p.append(f"pdstack_rollout.drain_timeout_secs: {drain} s is longer than pdstack_router.request_timeout_secs "
@@ -55,7 +55,7 @@ def _rollout_problems(dep: Deployment, p: list[str]) -> None:
                  f"only be spent on a wedged request: set drain_timeout_secs <= {limit}, or leave it unset (= {limit})")
 
 
-def _smoke_problems(dep: Deployment, p: list[str]) -> None:
+def smoke_problems(dep: Deployment, p: list[str]) -> None:
     sm, ctx = dep.smoke, dep.model["context_length"]
     if not sm or not sm.get("enabled"):
         return

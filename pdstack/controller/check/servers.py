@@ -7,8 +7,10 @@ from collections import defaultdict
 from typing import Any
 
 from pdstack.controller.check import budgets
-from pdstack.controller.check.extra_args import _dests, _extra_arg_problems, owned_env
-from pdstack.controller.check.tables import (
+from pdstack.controller.check.extra_args import dests, extra_arg_problems, owned_env
+from pdstack.controller.load import flags, rules
+from pdstack.controller.load.inventory import Deployment
+from pdstack.controller.load.tables import (
     DSV4_MAX_CONTEXT,
     GPU_SET_FLAGS,
     KV_ENV_PER_HOST,
@@ -16,10 +18,8 @@ from pdstack.controller.check.tables import (
     KV_TRANSFER_FLAGS,
     OWNED_FLAGS,
     VALUE_LIMITS,
-    _where,
+    server_where,
 )
-from pdstack.controller.load import flags, rules
-from pdstack.controller.load.inventory import Deployment
 
 # Bounds on a server's env. execve(2) fails with E2BIG when argv + envp exceed ARG_MAX (`getconf ARG_MAX`: 2097152
 # on Linux with the default 8 MiB stack, a quarter of RLIMIT_STACK) or one string exceeds MAX_ARG_STRLEN (32 pages,
@@ -67,7 +67,7 @@ def _image_pull_problems(img: dict[str, Any], p: list[str]) -> None:
                  f"make them agree ({reg}/{parts[1]}@{parts[2]})")
 
 
-def _deployment_problems(dep: Deployment, servers, p: list[str]) -> None:
+def deployment_problems(dep: Deployment, servers, p: list[str]) -> None:
     img = dep.image
     if (img["ref"] is None) == (img["manifest"] is None):
         p.append("pdstack_image: set exactly one of ref (an image reference) or manifest (build/manifest-<flavor>.json "
@@ -102,8 +102,8 @@ def _deployment_problems(dep: Deployment, servers, p: list[str]) -> None:
     for host, i, s in servers:
         key = s["name"].lower()  # unit and container names are case-sensitive, but file systems may not be
         if key in seen:
-            p.append(f"{_where(host, i, s)}.name: '{s['name']}' is also used on {seen[key]}; server names must be "
-                     "unique (they name units, containers and files)")
+            p.append(f"{server_where(host, i, s)}.name: '{s['name']}' is also used on {seen[key]}; server names "
+                     "must be unique (they name units, containers and files)")
         seen.setdefault(key, host)
     for name in dep.hosts:
         if not rules.HOST_NAME_RE.fullmatch(name):
@@ -127,15 +127,15 @@ def _admission_capacity_problems(dep: Deployment, servers, p: list[str]) -> None
         return
     total = sum(c for *_, c in caps)
     if total < n + 1:
-        each = ", ".join(f"{_where(h, i, s)} {c}" for h, i, s, c in caps)
+        each = ", ".join(f"{server_where(h, i, s)} {c}" for h, i, s, c in caps)
         p.append(f"pdstack_router.admission.max_concurrent_requests: {n} (+ 1 for the watchdog's probe) is more than "
                  f"the decode servers can run at once: extra_args.max-running-requests {each} = {total}; lower "
                  f"max_concurrent_requests to {max(total - 1, 1)} (group_vars/all/router.yml) or raise the decode "
                  f"servers' max-running-requests to {n + 1} in all")
 
 
-def _server_problems(dep: Deployment, host: str, i: int, s: dict, p: list[str]) -> None:
-    where = _where(host, i, s)
+def server_problems(dep: Deployment, host: str, i: int, s: dict, p: list[str]) -> None:
+    where = server_where(host, i, s)
     family = dep.model["family"]
     tp = s["tp_size"]
     if tp != len(s["gpus"]):
@@ -188,10 +188,10 @@ def _server_problems(dep: Deployment, host: str, i: int, s: dict, p: list[str]) 
             dep.warnings.append(f"{where}.transfer.ib_device: backend {tr['backend']} does not use InfiniBand; "
                                 "ib_device is ignored")
     parser = flags.sglang_parser()
-    owned = _dests(parser, OWNED_FLAGS)
+    owned = dests(parser, OWNED_FLAGS)
     refused = {d: f"--{flag} changes which or how many GPUs the server uses (pdstack runs one server on exactly "
                   "the GPUs in gpus, tp_size of them, on one host)" for d, (flag, _) in
-               _dests(parser, GPU_SET_FLAGS).items()}
+               dests(parser, GPU_SET_FLAGS).items()}
     extra = s["extra_args"]
     problems_before = len(p)
     budgets.host_memory_flag_problems(where, extra, family, p)
@@ -222,7 +222,7 @@ def _server_problems(dep: Deployment, host: str, i: int, s: dict, p: list[str]) 
             continue
         if key in budgets.NUMA_FLAGS or key in budgets.UNCOUNTED_HOST_MEMORY or key == "hicache-size":
             continue  # refused above (budgets.host_memory_flag_problems)
-        p.extend(_extra_arg_problems(parser, where, key, value, owned, refused, "SGLang 0.5.23",
+        p.extend(extra_arg_problems(parser, where, key, value, owned, refused, "SGLang 0.5.23",
                                      dep.model["path"]))
     if "max-queued-requests" in extra and dep.router["admission"]["max_concurrent_requests"] < 0:
         p.append(f"{where}.extra_args.max-queued-requests: SGLang 0.5.23 ignores it on PD servers (enforced only "
@@ -275,13 +275,13 @@ def _env_problems(where: str, env: dict[str, Any], p: list[str]) -> None:
             p.append(f"{path}: {msg}; change the value")
 
 
-def _pd_agreement_problems(dep: Deployment, servers, p: list[str]) -> None:
+def pd_agreement_problems(dep: Deployment, servers, p: list[str]) -> None:
     """Prefill and decode exchange KV pages: everything the page layout and the transfer depend on must match."""
     pd = [(host, i, s) for host, i, s in servers if s["role"] in ("prefill", "decode")]
     if len(pd) < 2:
         return
     parser = flags.sglang_parser()
-    kv = _dests(parser, KV_TRANSFER_FLAGS)
+    kv = dests(parser, KV_TRANSFER_FLAGS)
 
     def differ(label: str, fix: str, value_of) -> None:
         seen: dict[str, list[str]] = defaultdict(list)

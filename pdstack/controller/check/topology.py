@@ -7,21 +7,9 @@ from typing import Any
 
 from pdstack.controller.check import budgets
 from pdstack.controller.check.host_pcie import pcie_problems
-from pdstack.controller.check.tables import GPU_ARCHS, _where
+from pdstack.controller.load.facts import gpu_numa_node, resolve_node
 from pdstack.controller.load.inventory import Deployment
-
-# what the kernel reports for a device without NUMA affinity (/sys/bus/pci/devices/*/numa_node; VMs, some firmware)
-NO_NUMA_NODE = -1
-
-
-def gpu_numa_node(facts: dict, gpus: list[int]) -> set[int]:
-    """The NUMA nodes `gpus` hang off. A GPU without affinity (-1) hangs off the host's only node when it has one;
-    on a host of several nodes it stays -1, which the checks refuse (the server must then pin its node)."""
-    by_index = {g["index"]: g for g in facts.get("gpus", [])}
-    ids = [n["id"] for n in facts.get("numa_nodes", [])]
-    only = ids[0] if len(ids) == 1 else NO_NUMA_NODE
-    return {only if by_index[g]["numa_node"] == NO_NUMA_NODE else by_index[g]["numa_node"]
-            for g in gpus if g in by_index}
+from pdstack.controller.load.tables import GPU_ARCHS, server_where
 
 
 def topology_problems(dep: Deployment, facts: dict[str, dict]) -> list[str]:
@@ -48,7 +36,7 @@ def topology_problems(dep: Deployment, facts: dict[str, dict]) -> list[str]:
                      "engine only); the sglang engine needs real GPUs: remove that file or set engine: sim")
         owner: dict[int, str] = {}
         for i, s in enumerate(h.servers):
-            where = _where(h.name, i, s)
+            where = server_where(h.name, i, s)
             beyond = [g for g in s["gpus"] if g >= gpu_count]
             if beyond:
                 p.append(f"{where}.gpus: GPU(s) {beyond} do not exist; host {h.name} has {gpu_count} GPU(s) "
@@ -187,17 +175,9 @@ def _model_problems(dep: Deployment, h, f: dict, p: list[str]) -> None:
     if isinstance(heads, int) and heads > 0:
         for i, s in enumerate(h.servers):
             if s["tp_size"] > 0 and heads % s["tp_size"]:
-                p.append(f"{_where(h.name, i, s)}.tp_size: {s['tp_size']} does not divide the model's "
+                p.append(f"{server_where(h.name, i, s)}.tp_size: {s['tp_size']} does not divide the model's "
                          f"{heads} attention heads (config.json num_attention_heads); pick a tp_size that does, "
                          f"e.g. {max(d for d in (1, 2, 4, 8) if heads % d == 0)}")
-
-
-def resolve_node(server: dict, facts: dict) -> int | None:
-    """The server's NUMA node: the pinned one when overridden, else the node its GPUs hang off."""
-    if server["numa_node"] is not None:
-        return server["numa_node"]
-    gnodes = gpu_numa_node(facts, server["gpus"])
-    return min(gnodes) if gnodes else None
 
 
 def _cpu_list_problem(nodes: list[dict]) -> str | None:

@@ -17,10 +17,10 @@ DEFAULTS = {"tools": True, "reasoning": None, "churn": True, "churn_lengths": ch
 
 
 def settings_from_deployment(dep) -> dict:
-    from pdstack.controller.load import inventory
+    from pdstack.controller.load import variables
 
     ag = dep.smoke.get("agent") or {}
-    parsers = {k: inventory.parser_setting(dep.model, k) for k in ("tool_call_parser", "reasoning_parser")}
+    parsers = {k: variables.parser_setting(dep.model, k) for k in ("tool_call_parser", "reasoning_parser")}
     reasoning = ag.get("reasoning")
     return {"tools": ag.get("tools", True),
             "reasoning": parsers["reasoning_parser"] is not None if reasoning is None else reasoning,

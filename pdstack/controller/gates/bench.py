@@ -211,7 +211,7 @@ def run_bench(url: str, *, concurrency: list[int], requests: int = DEFAULTS["ben
                        levels=levels)
 
 
-_ints = list_type(int, lambda v: v >= 1, "concurrency levels are integers >= 1, e.g. 1,2,4")
+ints = list_type(int, lambda v: v >= 1, "concurrency levels are integers >= 1, e.g. 1,2,4")
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -220,7 +220,7 @@ def register(p: argparse.ArgumentParser) -> None:
     # this tool's own order.
     d = DEFAULTS  # the inventory schema's pdstack_smoke defaults, as `pdstack smoke` without -i uses them
     p.add_argument("--url", required=True, help="router URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--concurrency", type=_ints, default=d["bench_concurrency"],
+    p.add_argument("--concurrency", type=ints, default=d["bench_concurrency"],
                    help="levels of the sweep, within the router's admission limit "
                         f"(default {','.join(map(str, d['bench_concurrency']))}; 1 always runs)")
     p.add_argument("--requests", type=int, default=d["bench_requests"],

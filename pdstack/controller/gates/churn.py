@@ -22,7 +22,7 @@ import urllib.parse
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pdstack.controller.gates import apikey, gates_tools, recall
+from pdstack.controller.gates import apikey, gates_tools, recall, recall_report
 
 DEFAULT_LENGTHS = [1000, 4000, 16000]
 DISCONNECT_FRACTIONS = (0.2, 0.5, 0.8, 0.95)  # of the victim's alone TTFT: mid-prefill ... mid-transfer
@@ -174,7 +174,7 @@ def fixed_prompts(tokenizer: str | Path, lengths: list[int], model: str, max_tok
     out = {}
     for i, n in enumerate(lengths):
         needle = recall.Needle(recall.KEYS[i % len(recall.KEYS)], f"{4821 + 1117 * i}", 50.0)
-        out[f"needle@{recall._k(n)}"] = _chat_body(model, builder.build(n, [needle], needle), max_tokens)
+        out[f"needle@{recall_report.kilo(n)}"] = _chat_body(model, builder.build(n, [needle], needle), max_tokens)
     out["tool_call"] = _chat_body(model, gates_tools.ASK, max(max_tokens, 256), tools=[gates_tools.TOOL])
     return out
 

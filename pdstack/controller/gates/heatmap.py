@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pdstack.controller.gates.recall import MARK, RecallReport, _k
+from pdstack.controller.gates.recall_report import MARK, RecallReport, kilo
 
 # one panel per case kind of the report (gates/recall.py says what each asks)
 KIND_TITLES = {"single": "single needle", "multikey": "look-alike keys, one asked", "multi": "multi-needle, each asked"}
@@ -34,12 +34,12 @@ def draw(report: RecallReport, path: str | Path) -> Path:
                 if c and c.status != "pass":
                     ax.text(j, i, MARK[c.status], ha="center", va="center", color="black", fontsize=9)
         im = ax.imshow(grid, cmap=cmap, vmin=0, vmax=1, aspect="auto")
-        ax.set_xticks(range(len(report.lengths)), [_k(n) for n in report.lengths])
+        ax.set_xticks(range(len(report.lengths)), [kilo(n) for n in report.lengths])
         ax.set_yticks(range(len(report.depths)), [f"{d:g}%" for d in report.depths])
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("needle depth (% of the document)")
         h = report.horizon(v)
-        ax.set_title(f"{KIND_TITLES.get(v, v)}: horizon {_k(h) if h else 0} tokens")
+        ax.set_title(f"{KIND_TITLES.get(v, v)}: horizon {kilo(h) if h else 0} tokens")
         if h and h < max(report.lengths):
             x = report.lengths.index(h) + 0.5
             ax.axvline(x, color="black", linestyle="--", linewidth=1.2)

@@ -42,11 +42,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdstack.controller.gates import apikey, results
+from pdstack.controller.gates import apikey, heatmap, results
 from pdstack.controller.gates.needles import (  # noqa: F401 (the prompts: churn.py and tests use them from here)
     HAYSTACK,
     KEYS,
@@ -56,47 +55,13 @@ from pdstack.controller.gates.needles import (  # noqa: F401 (the prompts: churn
     cell_needles,
     needle_depths,
 )
+from pdstack.controller.gates.recall_report import Cell, Outcome, RecallReport, kilo
 from pdstack.controller.gates.smoke_settings import DEFAULTS, NO_TOKENIZER, list_type
 from pdstack.controller.load import recall_grid
 from pdstack.hostside.probe import BUSY_REASONS, REFUSAL_HEADER, ROUTER_DOWN_REASON, refusal_reason
 
 RETRIES = 3  # retries of a 429/408 refusal
 MAX_NEW_TOKENS = 32  # answer length cap
-STATUSES = ("pass", "wrong", "timeout", "http", "refused")
-MARK = {"pass": ".", "wrong": "X", "timeout": "T", "http": "E", "refused": "R"}
-@dataclass
-class Outcome:
-    key: str
-    depth: float
-    status: str
-    answer: str = ""
-    latency_s: float = 0.0
-    http_status: int | None = None
-    detail: str = ""
-
-
-@dataclass
-class Cell:
-    variant: str
-    length: int
-    depth: float
-    prompt_tokens: int
-    outcomes: list[Outcome] = field(default_factory=list)
-
-    @property
-    def status(self) -> str:
-        """pass when every needle passed; else the worst outcome (refused < http < timeout < wrong)."""
-        got = {o.status for o in self.outcomes}
-        for s in ("wrong", "timeout", "http", "refused"):
-            if s in got:
-                return s
-        return "pass" if got else "http"
-
-    @property
-    def score(self) -> float:
-        return sum(o.status == "pass" for o in self.outcomes) / max(1, len(self.outcomes))
-
-
 def ask(url: str, prompt: str, needle: Needle, timeout: float, max_new_tokens: int, retries: int,
         backoff_s: float = 1.0, headers: dict[str, str] | None = None) -> Outcome:
     """One non-streamed /generate; graded. Retries only admission refusals (429/408, 503 + Retry-After from the front
@@ -144,85 +109,6 @@ def ask(url: str, prompt: str, needle: Needle, timeout: float, max_new_tokens: i
         return Outcome(needle.key, needle.depth, status, answer=text.strip()[:200], latency_s=latency,
                        http_status=200)
     raise AssertionError("unreachable")
-
-
-@dataclass
-class RecallReport:
-    url: str
-    tokenizer: str
-    lengths: list[int]
-    depths: list[float]
-    variants: list[str]
-    needles: int
-    cells: list[Cell]
-    min_horizon: int
-    elapsed_s: float = 0.0
-    build_s: float = 0.0  # the controller's own cost: tokenizer load, prompt building and counting
-
-    def horizon(self, variant: str | None = None) -> int:
-        """Longest length L such that every cell at every length <= L passes (all variants unless one is named)."""
-        best = 0
-        for length in sorted(self.lengths):
-            cells = [c for c in self.cells if c.length == length and (variant is None or c.variant == variant)]
-            if not cells or any(c.status != "pass" for c in cells):
-                break
-            best = length
-        return best
-
-    def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(STATUSES, 0)
-        for c in self.cells:
-            for o in c.outcomes:
-                out[o.status] += 1
-        return out
-
-    @property
-    def auth_refused(self) -> str | None:
-        """The front door's API-key refusal (apikey.refused), when it answered any request with 401/403."""
-        return next((o.detail for c in self.cells for o in c.outcomes
-                     if o.http_status in apikey.REFUSED_STATUSES), None)
-
-    @property
-    def passed(self) -> bool:
-        return self.horizon() >= self.min_horizon
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "url": self.url, "tokenizer": self.tokenizer, "lengths": self.lengths, "depths": self.depths,
-            "variants": self.variants, "needles": self.needles, "min_horizon": self.min_horizon,
-            "horizon": self.horizon(), "horizon_by_variant": {v: self.horizon(v) for v in self.variants},
-            "passed": self.passed, "counts": self.counts(), "elapsed_s": round(self.elapsed_s, 3),
-            "build_s": round(self.build_s, 3),
-            "cells": [{**{k: v for k, v in asdict(c).items() if k != "outcomes"}, "status": c.status,
-                       "score": c.score, "outcomes": [asdict(o) for o in c.outcomes]} for c in self.cells],
-        }
-
-    def table(self) -> str:
-        """Depth rows x length columns per variant; '.' pass, X wrong, T timeout, E HTTP error, R refused."""
-        out = []
-        for v in self.variants:
-            out.append(f"{v} recall (rows: depth %, columns: context tokens; . pass  X wrong  T timeout  "
-                       "E HTTP error  R refused)")
-            out.append("depth " + "".join(f"{_k(n):>7}" for n in self.lengths))
-            for d in self.depths:
-                row = []
-                for n in self.lengths:
-                    c = next((c for c in self.cells if c.variant == v and c.length == n and c.depth == d), None)
-                    row.append(MARK[c.status] if c else "-")
-                out.append(f"{d:>4g}% " + "".join(f"{m:>7}" for m in row))
-            out.append(f"horizon ({v}): {self.horizon(v)} tokens")
-            out.append("")
-        counts = self.counts()
-        out.append("answers: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES))
-        verdict = "PASS" if self.passed else "FAIL"
-        out.append(f"recall horizon {self.horizon()} tokens (min {self.min_horizon}): {verdict}")
-        if self.auth_refused:
-            out.append(self.auth_refused)
-        return "\n".join(out)
-
-
-def _k(n: int) -> str:
-    return f"{n / 1000:g}K" if n >= 1000 and n % 100 == 0 else str(n)
 
 
 def run_recall(url: str, *, lengths: list[int], depths: list[float], tokenizer: str | Path, variants: list[str],
@@ -308,8 +194,8 @@ def _tokens(text: str) -> int:
     return int(float(text.removesuffix("K")) * (1000 if text.endswith("K") else 1))
 
 
-_int_list = list_type(_tokens, lambda v: v > 0, "give positive token counts, e.g. 1K,2K,4K or 1000,2000")
-_depth_list = list_type(float, lambda d: 0 <= d <= 100, "depths are percentages 0-100, e.g. 0,25,50,75,100")
+int_list = list_type(_tokens, lambda v: v > 0, "give positive token counts, e.g. 1K,2K,4K or 1000,2000")
+depth_list = list_type(float, lambda d: 0 <= d <= 100, "depths are percentages 0-100, e.g. 0,25,50,75,100")
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -318,16 +204,16 @@ def register(p: argparse.ArgumentParser) -> None:
     # this tool's own order.
     d = DEFAULTS  # the inventory schema's pdstack_smoke defaults, as `pdstack smoke` without -i uses them
     p.add_argument("--url", required=True, help="router URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--lengths", type=_int_list, default=d["lengths"],
-                   help=f"context lengths in tokens, e.g. 1K,2K,4K (default {','.join(map(_k, d['lengths']))})")
-    p.add_argument("--depths", type=_depth_list, default=d["depths"],
+    p.add_argument("--lengths", type=int_list, default=d["lengths"],
+                   help=f"context lengths in tokens, e.g. 1K,2K,4K (default {','.join(map(kilo, d['lengths']))})")
+    p.add_argument("--depths", type=depth_list, default=d["depths"],
                    help=f"needle depths in %% of the document (default {','.join(f'{x:g}' for x in d['depths'])})")
     p.add_argument("--tokenizer", default=d["tokenizer"],
                    help="directory with the model's tokenizer.json (required: the model's own; for the sim test "
                         "engine pdstack/testing/sim/tokenizer)")
     p.add_argument("--variant", type=variant_list, default=d["variant"],
                    help="case kinds, e.g. single,multikey: single, multikey (look-alike keys, one asked), multi "
-                        f"(--needles needles, each asked), or both = single,multi (default {_kinds(d['variant'])})")
+                        f"(--needles needles, each asked), or both = single,multi (default {kinds(d['variant'])})")
     p.add_argument("--needles", type=int, default=d["needles"],
                    help=f"needles per prompt in the multi and multikey kinds (default {d['needles']})")
     p.add_argument("--jitter", type=int, default=d["jitter"],
@@ -351,7 +237,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.epilog = "exit codes: 0 pass, 1 horizon below --min-horizon, 2 usage, 3 nothing could be graded"
 
 
-def _kinds(variant) -> str:
+def kinds(variant) -> str:
     return ",".join(recall_grid.kinds(variant))
 
 
@@ -377,8 +263,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(f"JSON: {results.write_json(args.json, report.to_dict())}")
     if args.heatmap:
-        from pdstack.controller.gates import heatmap  # it imports this module (its marks and the report)
-
         print(f"heatmap: {heatmap.draw(report, args.heatmap)}")
     counts = report.counts()
     if counts["pass"] + counts["wrong"] == 0:

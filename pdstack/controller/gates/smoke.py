@@ -21,7 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pdstack.controller.gates import agent_gates, apikey, bench, heatmap, recall, results, smoke_settings
+from pdstack.controller.gates import agent_gates, apikey, bench, heatmap, recall, recall_report, results, smoke_settings
 from pdstack.controller.gates.smoke_settings import DEFAULTS
 from pdstack.controller.load import inventory
 from pdstack.errors import InventoryError
@@ -51,7 +51,8 @@ def run_smoke(url: str, out: Path, *, cfg: dict, probe_first_token_timeout: floa
     gates["recall"] = {"passed": rr.passed, "horizon": rr.horizon(), "min_horizon": min_horizon, "counts": counts,
                        "heatmap": str(png)}
     lines.append(f"recall  {'PASS' if rr.passed else 'FAIL'}  horizon {rr.horizon()} tokens (min {min_horizon}; "
-                 f"grid {recall._k(min(lengths))}..{recall._k(max(lengths))} x {len(depths)} depths); "
+                 f"grid {recall_report.kilo(min(lengths))}..{recall_report.kilo(max(lengths))} x {len(depths)} "
+                 "depths); "
                  f"{'+'.join(rr.variants)}, prompts built in {rr.build_s:.1f} s; "
                  + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
                  + (f"; {rr.auth_refused}" if rr.auth_refused else ""))
@@ -93,14 +94,14 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vars", metavar="FILE",
                    help="with -i: read pdstack_smoke from these resolved variables (the JSON the preflight role "
                         "writes, extra vars included) instead of the inventory's files; the smoke role passes it")
-    p.add_argument("--lengths", type=recall._int_list,
-                   help=f"recall lengths (default {','.join(map(recall._k, d['lengths']))})")
-    p.add_argument("--depths", type=recall._depth_list,
+    p.add_argument("--lengths", type=recall.int_list,
+                   help=f"recall lengths (default {','.join(map(recall_report.kilo, d['lengths']))})")
+    p.add_argument("--depths", type=recall.depth_list,
                    help=f"recall depths, %% (default {','.join(f'{x:g}' for x in d['depths'])})")
     p.add_argument("--tokenizer", help="directory with the model's tokenizer.json (default: the inventory's "
                                         "pdstack_smoke.tokenizer; one is required)")
     p.add_argument("--variant", type=recall.variant_list,
-                   help=f"recall case kinds, e.g. single,multikey (default {recall._kinds(d['variant'])})")
+                   help=f"recall case kinds, e.g. single,multikey (default {recall.kinds(d['variant'])})")
     p.add_argument("--needles", type=int, help=f"needles per prompt, multi/multikey (default {d['needles']})")
     p.add_argument("--jitter", type=int, help=f"recall length jitter, tokens (default {d['jitter']})")
     p.add_argument("--full", action="store_true",
@@ -112,7 +113,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", type=float, help="C=1 decode tokens/s baseline (default: none, report only)")
     p.add_argument("--tolerance", type=float,
                    help=f"allowed shortfall below the baseline, fraction (default {d['tolerance']:g})")
-    p.add_argument("--bench-concurrency", type=bench._ints,
+    p.add_argument("--bench-concurrency", type=bench.ints,
                    help=f"bench sweep levels (default {','.join(map(str, d['bench_concurrency']))})")
     p.add_argument("--bench-requests", type=int, help=f"bench requests per level (default {d['bench_requests']})")
     p.add_argument("--bench-tokens", type=int, help=f"tokens per bench request (default {d['bench_tokens']})")
@@ -125,7 +126,7 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="skip the reasoning checks of the tool-call gate (default: on when the reasoning parser is)")
     p.add_argument("--no-churn", dest="churn", action="store_const", const=False,
                    help="skip the answers-under-churn gate (default: on)")
-    p.add_argument("--churn-lengths", type=recall._int_list,
+    p.add_argument("--churn-lengths", type=recall.int_list,
                    help="needle lengths of the churn gate (default 1K,4K,16K)")
     p.add_argument("--admission-limit", type=int,
                    help="router max_concurrent_requests the churn gate holds the front door at (default: inventory's)")

@@ -1,6 +1,6 @@
 """The settings of the smoke tools (`pdstack smoke`, `recall`, `bench`), read from `pdstack_smoke`.
 
-One source of defaults: the inventory schema (inventory.SMOKE). `DEFAULTS` are the settings of an inventory that sets
+One source of defaults: the inventory schema (variables.SMOKE). `DEFAULTS` are the settings of an inventory that sets
 no `pdstack_smoke` at all; the three CLIs take their argparse defaults from it, and `pdstack smoke -i` from the
 inventory (`--vars`: from the variables Ansible resolved, extra vars included), which `pdstack smoke` loads once.
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pdstack.controller.load import inventory, recall_grid
+from pdstack.controller.load import inventory, recall_grid, variables
 from pdstack.errors import InventoryError
 
 NO_TOKENIZER = ("no tokenizer: give --tokenizer DIR (pdstack_smoke.tokenizer with -i), the model's tokenizer "
@@ -49,7 +49,7 @@ def _schema_defaults(schema) -> dict[str, Any]:
     return out
 
 
-DEFAULTS = settings(_schema_defaults(inventory.SMOKE), _schema_defaults(inventory.ADMISSION))
+DEFAULTS = settings(_schema_defaults(variables.SMOKE), _schema_defaults(variables.ADMISSION))
 
 
 def model_tokenizer_dir(dep: inventory.Deployment) -> Path:

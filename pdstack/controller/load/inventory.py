@@ -29,7 +29,6 @@ from typing import Any
 from pdstack.controller.load import files, rules, sources, vault, yamlsafe
 from pdstack.controller.load.hosts import host_problems
 from pdstack.controller.load.schema import Schema, numbers_problems, plain, validate_field
-from pdstack.controller.load.variables import *  # noqa: F401,F403 (the variables' schema, re-exported)
 from pdstack.controller.load.variables import HOST_LEVEL, ROLE_PORT_VARS, TOP_LEVEL
 from pdstack.errors import InventoryError
 

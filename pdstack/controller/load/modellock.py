@@ -11,6 +11,9 @@ the host's pdstack_model.path exactly that (pdstack/hostside/model_fetch.py veri
 (REV may be a branch: the lock records the commit it resolved to), from the hub's file metadata: LFS files (the
 weights) carry their sha256 there, so nothing large is downloaded; the few small non-LFS files (config, tokenizer
 json) are downloaded to hash them. The token comes from HF_TOKEN (huggingface_hub's own variable), never an argument.
+
+missing() is what a fetch still has to write against what a host reports: the model check (room for it) and the
+plan (the files the fetch moves) both count with it.
 """
 
 from __future__ import annotations
@@ -216,3 +219,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render(lock))
     return 0
+
+
+def missing(lock: dict[str, Any], present: dict[str, int], partial: dict[str, int]) -> list[tuple[str, int]]:
+    """(path, bytes still to write) of each locked file a fetch must write: a file present at its locked size needs
+    none (a wrong hash at the right size is found by the fetcher's verify, and its space comes back on the move); a
+    partial transfer in staging needs the rest."""
+    out = []
+    for f in lock["files"]:
+        if present.get(f["path"]) == f["size"]:
+            continue
+        done = partial.get(f["path"], 0)
+        out.append((f["path"], f["size"] - done if 0 <= done <= f["size"] else f["size"]))
+    return out
+
+
+def missing_bytes(lock: dict[str, Any], present: dict[str, int], partial: dict[str, int]) -> int:
+    return sum(n for _, n in missing(lock, present, partial))

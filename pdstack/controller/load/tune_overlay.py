@@ -24,20 +24,15 @@ import copy
 from typing import Any
 
 from pdstack.controller.load import rules
+from pdstack.controller.load.field_checks import extra_args
 from pdstack.controller.load.schema import Field, Schema
 
 SELECTORS = ("prefill", "decode", "all")
 
 
-def _sglang_extra_args(v: dict) -> str | None:
-    from pdstack.controller.load.variables import _extra_args  # variables.py imports this module's TUNE
-
-    return _extra_args("sglang")(v)
-
-
 TUNE_SERVERS = Schema("pdstack_tune.servers.<which>", {
     "extra_args": Field((dict,), "SGLang flags to set on these servers (as a server's extra_args; they replace the "
-                        "server's own value of the same flag)", default=dict, check=_sglang_extra_args),
+                        "server's own value of the same flag)", default=dict, check=extra_args("sglang")),
     "env": Field((dict,), "environment variables to set on these servers (as a server's env)", default=dict),
 })
 

@@ -7,9 +7,10 @@ import difflib
 from typing import Any
 
 from pdstack.controller.load import rules
+from pdstack.controller.load.field_checks import extra_args, non_negative, positive
 from pdstack.controller.load.host_settings import HOST_SETTINGS
-from pdstack.controller.load.schema import Field, Schema, as_number
-from pdstack.controller.load.smoke_schema import SMOKE, SMOKE_AGENT, SMOKE_BENCH, SMOKE_GRID  # noqa: F401
+from pdstack.controller.load.schema import Field, Schema
+from pdstack.controller.load.smoke_schema import SMOKE
 from pdstack.controller.load.tune_overlay import TUNE
 
 ENVIRONMENTS = ("production", "local", "test")
@@ -26,18 +27,10 @@ def _port(v: Any) -> str | None:
     return None if 1 <= v <= 65535 else f"{v} is not a TCP port (1-65535)"
 
 
-def _positive(v: Any) -> str | None:
-    return None if v > 0 else f"{v} must be > 0"
-
-
 def _seconds(example: int):
     def check(v: Any) -> str | None:
         return None if v > 0 else f"{v} must be > 0: a whole number of seconds, e.g. {example}"
     return check
-
-
-def _non_negative(v: Any) -> str | None:
-    return None if v >= 0 else f"{v} must be >= 0; set 0 or more"
 
 
 def _gpu_list(v: list) -> str | None:
@@ -74,47 +67,6 @@ def parser_setting(model: dict[str, Any], key: str) -> str | None:
     """The parser the plan renders for pdstack_model.<key>: the inventory's, else the family's; None when off."""
     v = model.get(key) or FAMILY_PARSERS.get(model.get("family"), {}).get(key)
     return None if v in (None, PARSER_OFF) else v
-
-
-def _extra_args(which: str):
-    """The check of an extra_args mapping for SGLang's ("sglang") or the router's ("router") parser: flag names
-    without dashes; values that follow a flag do not look like flags; a flag whose parser type is int or float gets
-    a number, not a quoted one (every range check then sees the number the parser gets)."""
-    def check(v: dict) -> str | None:
-        from pdstack.controller.load import flags
-
-        bad = [k for k in v if not isinstance(k, str) or k.startswith("-") or not k]
-        if bad:
-            return (f"keys {bad!r} must be flag names without the leading dashes, e.g. "
-                    "'mem-fraction-static: 0.85' for --mem-fraction-static 0.85")
-        parser = flags.sglang_parser() if which == "sglang" else flags.router_parser()
-        out = []
-        for key, value in v.items():
-            for item in value if isinstance(value, list) else [value]:
-                msg = rules.flag_like_problem(item) or _number_for_flag(flags.action_for(parser, f"--{key}"), item)
-                if msg:
-                    out.append(f"{key}: {msg}")
-        return "; ".join(out) or None
-    return check
-
-
-def _number_for_flag(action: Any, item: Any) -> str | None:
-    kind = getattr(action, "type", None)
-    if kind not in (int, float) or isinstance(item, dict | list) or item is None:
-        return None
-    if isinstance(item, bool):
-        return None  # a bare flag (true) or none (false): the flag's own parser judges it
-    if isinstance(item, str):
-        if as_number(item.strip()) is not None:
-            return f"{item!r} is a quoted number; write it without quotes ({item.strip()}) so every check sees it"
-        try:
-            float(item)
-        except ValueError:
-            return None  # not a number at all: the flag's own parser refuses it, in its words
-        return f"{item!r} is not a finite number; write a number"
-    if kind is int and isinstance(item, float):
-        return f"{item!r} is not a whole number; the flag takes an integer"
-    return None
 
 
 def _source_url(v: str) -> str | None:
@@ -190,16 +142,16 @@ SOURCE = Schema("source", {
                       check=_source_url),
     "token_var": Field((str,), "hf: the Ansible variable (from Vault) holding the hub token; the variable unset or "
                        "empty: no token", default="hf_token", check=_var_name),
-    "jobs": Field((int,), "files fetched at once", default=4, check=_positive),
+    "jobs": Field((int,), "files fetched at once", default=4, check=positive),
     "free_margin_gb": Field((int, float), "GB that must stay free on the model's filesystem after the fetch "
-                            "(preflight refuses a host with less)", default=2, check=_non_negative),
+                            "(preflight refuses a host with less)", default=2, check=non_negative),
 })
 
 MODEL = Schema("pdstack_model", {
     "path": Field((str,), "model directory on the host, mounted read-only into the server",
                   check=rules.host_path_problem),
     "served_name": Field((str,), "name clients ask for (--served-model-name)", check=rules.flag_like_problem),
-    "context_length": Field((int,), "maximum context length in tokens (--context-length)", check=_positive),
+    "context_length": Field((int,), "maximum context length in tokens (--context-length)", check=positive),
     "family": Field((str,), "model family: deepseek_v4 turns on DeepSeek-V4 rules (no --hicache-size, DSA index keys)",
                     default="deepseek_v4", choices=("deepseek_v4", "other")),
     "index_k_dtype": Field((str,), "DSA index keys and their reader: bf16 (pdstack's patch, 256 B/token; the recall "
@@ -249,10 +201,10 @@ PORTS = Schema("ports", {
 HICACHE = Schema("hicache", {
     "enabled": Field((bool,), "hierarchical (host memory) KV cache (--enable-hierarchical-cache)", default=False),
     "host_budget_gb": Field((int, float), "host memory for this server's HiCache pool, GB, taken from the server's "
-                            "NUMA node (membind caps it there)", default=None, check=_positive),
+                            "NUMA node (membind caps it there)", default=None, check=positive),
     "device_kv_pool_gb": Field((int, float), "the server's device KV pool over all its GPUs, GB (read it from the "
                                "server's 'KV Cache is allocated' log line); the ratio is budget / this",
-                               default=None, check=_positive),
+                               default=None, check=positive),
     "write_policy": Field((str,), "--hicache-write-policy", default="write_through", choices=HICACHE_WRITE_POLICIES),
     "io_backend": Field((str,), "--hicache-io-backend", default="kernel", choices=HICACHE_IO_BACKENDS),
     "mem_layout": Field((str,), "--hicache-mem-layout", default="page_first", choices=HICACHE_MEM_LAYOUTS),
@@ -268,15 +220,15 @@ SERVER = Schema("server", {
     "name": Field((str,), "unique server name (unit and container name: pdstack-<name>)", check=rules.name_problem),
     "role": Field((str,), "prefill or decode", choices=("prefill", "decode")),
     "gpus": Field((list,), "GPU indices this server uses", check=_gpu_list),
-    "tp_size": Field((int,), "tensor parallel size (--tp-size); must equal the number of GPUs", check=_positive),
+    "tp_size": Field((int,), "tensor parallel size (--tp-size); must equal the number of GPUs", check=positive),
     "numa_node": Field((int,), "NUMA node; taken from the facts (the node the GPUs hang off). Pin it only with "
-                       "numa_override: true", default=None, check=_non_negative),
+                       "numa_override: true", default=None, check=non_negative),
     "numa_override": Field((bool,), "allow numa_node to differ from the GPUs' node", default=False),
     "ports": Field((dict,), "ports of this server", schema=PORTS),
     "hicache": Field((dict,), "HiCache policy", default=dict, schema=HICACHE),
     "transfer": Field((dict,), "KV transfer backend", default=dict, schema=TRANSFER),
     "extra_args": Field((dict,), "extra SGLang flags, name without dashes -> value (true for a bare flag)",
-                        default=dict, check=_extra_args("sglang")),
+                        default=dict, check=extra_args("sglang")),
     "env": Field((dict,), "extra environment variables for the server", default=dict),
 })
 
@@ -286,52 +238,52 @@ ADMISSION = Schema("admission", {
     "queue_size": Field((int,), "requests that wait in the front door when every slot is busy, served in order as "
                         "slots free; beyond it: 429 + Retry-After at once", default=100),
     "queue_timeout_secs": Field((int,), "seconds a request may wait in the front door's queue; then 503 + "
-                                "Retry-After (HAProxy timeout queue)", default=60, check=_positive),
+                                "Retry-After (HAProxy timeout queue)", default=60, check=positive),
 })
 
 FRONTDOOR = Schema("frontdoor", {
     "bind": Field((str,), "address the front door (HAProxy) listens on, port pdstack_router.port", default="0.0.0.0"),
     "metrics_port": Field((int,), "port of HAProxy's Prometheus exporter (/metrics)", default=8404, check=_port),
     "retry_after_secs": Field((int,), "Retry-After seconds on the front door's 429 and 503 answers", default=2,
-                              check=_positive),
+                              check=positive),
     "request_read_timeout_secs": Field((int,), "seconds a client has to send its whole request (headers and body) "
                                        "before it takes a slot; then 408 (HAProxy timeout http-request)", default=10,
-                                       check=_positive),
+                                       check=positive),
     "max_body_bytes": Field((int,), "largest request body the front door accepts (it is buffered whole before a slot "
-                            "is taken); larger: 413", default=4 * 1024 * 1024, check=_positive),
+                            "is taken); larger: 413", default=4 * 1024 * 1024, check=positive),
     "max_connections_per_source": Field((int,), "connections one client address may hold at once (requests in flight, "
                                         "queued or being read); beyond: 429 source-limit. 0: no limit (clients "
-                                        "behind one proxy or NAT share an address)", default=0, check=_non_negative),
+                                        "behind one proxy or NAT share an address)", default=0, check=non_negative),
     "cors_origins": Field((list,), "browser origins (scheme://host[:port], lower case) whose pages may call the API: "
                           "they get CORS answers (Access-Control-Allow-Origin). Empty: no CORS, browsers on other "
                           "origins are refused", default=list),
     "client_timeout_secs": Field((int,), "seconds a client may read nothing of its answer once the front door's "
                                  "buffers towards it are full; then it is let go (HAProxy timeout client)",
-                                 default=30, check=_positive),
+                                 default=30, check=positive),
 })
 
 CIRCUIT_BREAKER = Schema("circuit_breaker", {
     "timeout_secs": Field((int,), "seconds an open circuit stays open before the router tries the worker again "
                           "(--cb-timeout-duration-secs; 0.3.2 opens it on prefill AND decode when one fails)",
-                          default=10, check=_positive),
+                          default=10, check=positive),
     "failure_threshold": Field((int,), "failures in the window that open a worker's circuit (--cb-failure-threshold)",
-                               default=10, check=_positive),
+                               default=10, check=positive),
 })
 
 RETRIES = Schema("retries", {
-    "max_retries": Field((int,), "retries per request (--retry-max-retries)", default=5, check=_non_negative),
+    "max_retries": Field((int,), "retries per request (--retry-max-retries)", default=5, check=non_negative),
     "initial_backoff_ms": Field((int,), "first retry backoff, ms (--retry-initial-backoff-ms)", default=50,
-                                check=_non_negative),
+                                check=non_negative),
     "max_backoff_ms": Field((int,), "retry backoff cap, ms (--retry-max-backoff-ms)", default=30000,
-                            check=_non_negative),
+                            check=non_negative),
 })
 
 HEALTH = Schema("health_check", {
     "endpoint": Field((str,), "worker endpoint the router polls (--health-check-endpoint)", default="/health"),
-    "interval_secs": Field((int,), "seconds between polls", default=10, check=_positive),
-    "timeout_secs": Field((int,), "poll timeout, seconds", default=5, check=_positive),
-    "failure_threshold": Field((int,), "failed polls before a worker is unhealthy", default=3, check=_positive),
-    "success_threshold": Field((int,), "good polls before it is healthy again", default=2, check=_positive),
+    "interval_secs": Field((int,), "seconds between polls", default=10, check=positive),
+    "timeout_secs": Field((int,), "poll timeout, seconds", default=5, check=positive),
+    "failure_threshold": Field((int,), "failed polls before a worker is unhealthy", default=3, check=positive),
+    "success_threshold": Field((int,), "good polls before it is healthy again", default=2, check=positive),
 })
 
 ROUTER = Schema("pdstack_router", {
@@ -353,29 +305,29 @@ ROUTER = Schema("pdstack_router", {
     "shutdown_grace_period_secs": Field((int,), "seconds the router drains in-flight requests when stopped "
                                         "(--shutdown-grace-period-secs); its unit waits this + 10 s before killing "
                                         "it, so requests that finish within it complete", default=120,
-                                        check=_positive),
+                                        check=positive),
     "retries": Field((dict,), "retry settings", default=dict, schema=RETRIES),
     "health_check": Field((dict,), "worker health checks", default=dict, schema=HEALTH),
     "request_timeout_secs": Field((int,), "the time budget of one request, seconds: an answer not begun within it "
                                   "gets the front door's 504 (HAProxy timeout server), a stream may pause this "
                                   "long between chunks; the router's own --request-timeout-secs is this + 30 "
                                   "(so it never retries a timed-out request) and caps a whole stream",
-                                  default=1800, check=_positive),
+                                  default=1800, check=positive),
     "extra_args": Field((dict,), "extra router flags, name without dashes -> value", default=dict,
-                          check=_extra_args("router")),
+                          check=extra_args("router")),
 })
 
 PD = Schema("pdstack_pd", {
     "bootstrap_timeout_s": Field((int,), "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT: seconds a prefill waits for its "
-                                 "decode peer's bootstrap", default=300, check=_positive),
+                                 "decode peer's bootstrap", default=300, check=positive),
     "waiting_timeout_s": Field((int,), "SGLANG_DISAGGREGATION_WAITING_TIMEOUT: seconds a decode waits for the KV "
-                               "transfer", default=300, check=_positive),
+                               "transfer", default=300, check=positive),
     "heartbeat_interval_s": Field((int, float), "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL: seconds between PD peer "
-                                  "heartbeats", default=5.0, check=_positive),
+                                  "heartbeats", default=5.0, check=positive),
     "heartbeat_max_failure": Field((int,), "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE: missed heartbeats before a "
-                                   "peer is dead", default=2, check=_positive),
+                                   "peer is dead", default=2, check=positive),
     "health_check_timeout_s": Field((int,), "SGLANG_HEALTH_CHECK_TIMEOUT: seconds /health waits for its 1-token "
-                                    "generate", default=20, check=_positive),
+                                    "generate", default=20, check=positive),
 })
 
 ROLLOUT = Schema("pdstack_rollout", {
@@ -410,7 +362,7 @@ HOST_LEVEL = {
     "pdstack_address": Field((str,), "address other hosts reach this host at", default=None),
     "pdstack_numa_reserve_gb": Field((int, float), "memory per NUMA node kept for the OS and the server processes "
                                      "themselves (weights staging, pinned buffers), GB; HiCache gets the rest",
-                                     default=32, check=_non_negative),
+                                     default=32, check=non_negative),
 }
 
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from pdstack.controller.check import model as model_check
+from pdstack.controller.load.facts import host_model_facts
 from pdstack.controller.load.inventory import Deployment
+from pdstack.controller.load.modellock import missing
 
 
 def fetch_plan(dep: Deployment) -> dict[str, Any] | None:
@@ -38,8 +39,8 @@ def host_needs(dep: Deployment, facts: dict[str, dict]) -> dict[str, dict[str, A
         return {}
     out = {}
     for h in dep.hosts.values():
-        m = model_check.host_model_facts(dep, facts, h.name) if h.servers else None
+        m = host_model_facts(dep, facts, h.name) if h.servers else None
         if m is not None:
-            gone = model_check.missing(lock, m.get("files") or {}, m.get("partial") or {})
+            gone = missing(lock, m.get("files") or {}, m.get("partial") or {})
             out[h.name] = {"files": [p for p, _ in gone], "bytes": sum(n for _, n in gone)}
     return out

@@ -13,13 +13,14 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from pdstack.controller.check import preflight
-from pdstack.controller.load import flags, host_settings, inventory, recall_grid, rules, variables
+from pdstack.controller.load import flags, host_settings, recall_grid, variables
+from pdstack.controller.load.exporters import scraped_port
+from pdstack.controller.load.facts import resolve_node
 from pdstack.controller.load.inventory import Deployment
+from pdstack.controller.plan import image_choice, p2p_plan
 from pdstack.controller.plan import model as model_plan
-from pdstack.controller.plan import p2p_plan
 from pdstack.errors import InventoryError
 from pdstack.switches import (  # read by our SGLang patch series (kernels/patches) and SGLang
     PD_ENV,
@@ -164,72 +165,6 @@ def schema_problems(plan: dict[str, Any]) -> list[str]:
             for e in sorted(validator.iter_errors(plan), key=lambda e: list(map(str, e.absolute_path)))]
 
 
-class ImageChoice(NamedTuple):
-    """What the plan says about the image: the reference units run, and how the image phase gets it there."""
-
-    ref: str | None  # the reference every unit runs
-    image_id: str | None  # docker image id from the manifest (the image phase checks it after a load or pull)
-    tarball: str | None  # absolute controller path of the tarball to copy and `docker load` (no registry)
-    pull: str | None  # REGISTRY/REPO@sha256:... the image phase `docker pull`s instead (pdstack_image.registry)
-    labels: dict[str, str]  # io.pdstack.* labels from the manifest that the image on the host must carry
-
-
-def _need(msg: str, require: bool, warnings: list[str]) -> None:
-    if require:
-        raise InventoryError([msg])
-    warnings.append(msg + " (the plan shows no image until then)")
-
-
-def resolve_image(image: dict[str, Any], warnings: list[str], require: bool = True) -> ImageChoice:
-    """The image from pdstack_image: an explicit ref, or the manifest `invoke build` wrote; pulled by digest when
-    pdstack_image.registry is set. A missing manifest (or push) is an error when `require` (deploying), else a
-    warning and no image (planning). The static checks (preflight) have already vetted the formats."""
-    flavor = "sim" if image["engine"] == "sim" else "prod"
-    registry = image.get("registry")
-    if image["manifest"] is None:
-        pull = image["ref"] if registry else None
-        return ImageChoice(image["ref"], None, None if pull else image["tarball"], pull, {})
-    p = Path(image["manifest"])
-    try:
-        m = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        how = f"--push {registry}" if registry else f"--save build/images/{flavor}.tar"
-        _need(f"pdstack_image.manifest: cannot read {p} ({e}); build the image first: invoke build --flavor {flavor} "
-              f"{how}", require, warnings)
-        return ImageChoice(None, None, None, None, {})
-    if m.get("flavor", flavor) != flavor:
-        raise InventoryError([f"pdstack_image.manifest: {p} describes a {m['flavor']} image, but "
-                              f"pdstack_image.engine {image['engine']!r} runs the {flavor} image; point manifest at "
-                              f"build/manifest-{flavor}.json (or set engine to match)"])
-    tag = m["tag"]
-    labels = {k: v for k, v in sorted((m.get("labels") or {}).items()) if k.startswith("io.pdstack.")}
-    if not registry:
-        saved = (m.get("saved") or {}).get("path")
-        tarball = image["tarball"] or saved
-        # relative paths are the repo root's (where `invoke build` and ansible-playbook run); the image role needs
-        # them absolute
-        return ImageChoice(tag, m.get("image_id"), str(Path(tarball).resolve()) if tarball else None, None, labels)
-    repo = tag.partition(":")[0]
-    pushed = m.get("pushed") or {}
-    parts = rules.split_digest_ref(pushed.get("digest_ref") or "")
-    if pushed and (parts is None or parts[1] != repo or not str(pushed.get("ref", "")).endswith(f"/{tag}")):
-        raise InventoryError([f"pdstack_image.manifest: {p} records a push of {pushed.get('ref')!r} "
-                              f"({pushed.get('digest_ref')!r}), not of its image {tag}; push this image again: "
-                              f"invoke build --flavor {flavor} --push <registry>"])
-    digest = image.get("digest")
-    if parts and digest and digest != parts[2]:
-        raise InventoryError([f"pdstack_image.digest: {digest} is not the digest {p} recorded for {tag} "
-                              f"({parts[2]}, pushed as {pushed['digest_ref']}); remove digest to use the manifest's, "
-                              f"or point manifest at the build that pushed {digest}"])
-    digest = digest or (parts[2] if parts else None)
-    if digest is None:
-        _need(f"pdstack_image.registry is set, but {p} records no push of {tag} (no pushed.digest_ref), so there is "
-              f"no digest to pull: push it with `invoke build --flavor {flavor} --push <registry as this machine "
-              f"reaches it>` (e.g. 127.0.0.1:5000), or set pdstack_image.digest", require, warnings)
-        return ImageChoice(None, None, None, None, {})
-    return ImageChoice(tag, m.get("image_id"), None, f"{registry}/{repo}@{digest}", labels)
-
-
 def hicache_plan(s: dict, facts: dict, node: int, reserve_gb: float) -> HiCachePlan:
     hc = s["hicache"]
     if not hc["enabled"]:
@@ -266,7 +201,7 @@ def server_flags(dep: Deployment, s: dict, hc: HiCachePlan) -> list[str]:
     if m["trust_remote_code"]:
         out += ["--trust-remote-code"]
     for key in ("tool_call_parser", "reasoning_parser"):  # no --chat-template: SGLang uses the model's own
-        if value := inventory.parser_setting(m, key):
+        if value := variables.parser_setting(m, key):
             out += [f"--{key.replace('_', '-')}", value]
     if hc.enabled and s["role"] == "decode":
         # 0.5.23 turns a decode server's radix cache off unless this flag is given, then refuses HiCache without a
@@ -405,7 +340,7 @@ def build_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fa
     servers: list[ServerPlan] = []
     for h, s in dep.servers():
         f = facts[h.name]
-        node = preflight.resolve_node(s, f)
+        node = resolve_node(s, f)
         if node is None:  # no GPU facts for these indices (caught above); keep mypy and readers honest
             raise InventoryError([f"host_vars/{h.name} server {s['name']}: cannot tell its NUMA node"])
         cpus = next(n["cpus"] for n in f["numa_nodes"] if n["id"] == node)
@@ -433,7 +368,7 @@ def build_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fa
                                    for k in ("max_concurrent_requests", "queue_size", "queue_timeout_secs")},
                         frontdoor=frontdoor_plan(dep),
                         stop_timeout_secs=dep.router["shutdown_grace_period_secs"] + 10)
-    img = resolve_image(dep.image, dep.warnings, require=require_image)
+    img = image_choice.resolve_image(dep.image, dep.warnings, require=require_image)
     pcie = {h: host_settings.wanted(dep.host_settings, facts.get(h) or {}) for h in sorted(dep.hosts)}
     return Plan(inventory=dep.source, environment=dep.environment, engine=dep.image["engine"], image=img.ref,
                 image_id=img.image_id, image_tarball=img.tarball, image_pull=img.pull, image_labels=img.labels,
@@ -457,4 +392,4 @@ def build_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = Fa
 def exporter_ports(dep: Deployment) -> dict[str, int]:
     """The ports Prometheus scrapes the exporters on (every host: node_exporter; GPU hosts: dcgm-exporter): the
     inventory's node_exporter_port / dcgm_exporter_port, else their roles' defaults (the one source)."""
-    return {k: preflight.scraped_port(dep, k) for k in ("node_exporter_port", "dcgm_exporter_port")}
+    return {k: scraped_port(dep, k) for k in ("node_exporter_port", "dcgm_exporter_port")}

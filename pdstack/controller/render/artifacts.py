@@ -20,7 +20,7 @@ import re
 import shlex
 from typing import Any
 
-from pdstack.controller.check import tables
+from pdstack.controller.load import tables
 from pdstack.controller.load.inventory import Deployment
 from pdstack.controller.plan.planner import ROUTER_LAUNCHER, SGLANG_LAUNCHER, SIM_LAUNCHER, Plan
 from pdstack.controller.render import encoders, firewall, frontdoor_check

@@ -221,8 +221,9 @@ class Tuner:
             r = sweep.run_point(url, p, salt=zlib.crc32(name.encode()) % 100_000, **kw)
             r.update(report.derive(r, gpus, self.cfg["goodput_tpot_ms"]))
             say(f"{name}: in {p['input']} out {p['output']} C={p['concurrency']}: decode "
-                f"{report._f(r['decode_tps_per_request_p50'])} tok/s/req, aggregate {report._f(r['aggregate_tps'])}"
-                f" tok/s, TTFT p50 {report._f(r['ttft_ms_p50'])} ms, errors {r['errors']}")
+                f"{report.fixed(r['decode_tps_per_request_p50'])} tok/s/req, aggregate "
+                f"{report.fixed(r['aggregate_tps'])} tok/s, TTFT p50 {report.fixed(r['ttft_ms_p50'])} ms, "
+                f"errors {r['errors']}")
             pts.append(r)
         return {"status": "measured", "recall": rec, "accuracy": acc, "points": pts}
 

@@ -89,7 +89,8 @@ def pick_winner(candidates: list[dict[str, Any]], objective: str, tpot_p99_ms_ma
     return best
 
 
-def _f(v: Any, nd: int = 1) -> str:
+def fixed(v: Any, nd: int = 1) -> str:
+    """A number to `nd` decimals for the report's tables; "-" when the run did not measure it."""
     return "-" if v is None else f"{v:.{nd}f}"
 
 
@@ -116,10 +117,12 @@ def table(results: dict[str, Any]) -> str:
             continue
         for p in c["points"]:
             rows.append(f"| {c['name']} | {verdict} | {horizon} | {acc} | {p['input']}/{p['output']} | "
-                        f"{p['concurrency']} | {_f(p['decode_tps_per_request_p50'])} | {_f(p['aggregate_tps'])} | "
-                        f"{_f(p.get('tps_per_gpu'))} | {_f(p.get('goodput_tps'))} | {_f(p['prefill_tps'], 0)} "
-                        f"| {_f(p['ttft_ms_p50'])}/{_f(p['ttft_ms_p99'])} | {_f(p['tpot_ms_p50'])}/"
-                        f"{_f(p['tpot_ms_p99'])} | {_f(p['itl_ms_p50'])}/{_f(p['itl_ms_p99'])} | {p['errors']} |")
+                        f"{p['concurrency']} | {fixed(p['decode_tps_per_request_p50'])} | "
+                        f"{fixed(p['aggregate_tps'])} | {fixed(p.get('tps_per_gpu'))} | "
+                        f"{fixed(p.get('goodput_tps'))} | {fixed(p['prefill_tps'], 0)} | "
+                        f"{fixed(p['ttft_ms_p50'])}/{fixed(p['ttft_ms_p99'])} | "
+                        f"{fixed(p['tpot_ms_p50'])}/{fixed(p['tpot_ms_p99'])} | "
+                        f"{fixed(p['itl_ms_p50'])}/{fixed(p['itl_ms_p99'])} | {p['errors']} |")
     return "\n".join(rows)
 
 
@@ -138,10 +141,10 @@ def cookbook_md(results: dict[str, Any]) -> str:
         for p in c.get("points") or []:
             if (p["input"], p["output"]) != COOKBOOK_SHAPE or p["concurrency"] not in COOKBOOK_CONCURRENCY:
                 continue
-            rows.append(f"| {c['name']} | {c.get('gpus', '-')} | {p['concurrency']} | {_f(p['ttft_ms_p50'])}/"
-                        f"{_f(p['ttft_ms_p99'])} | {_f(p['tpot_ms_p50'])}/{_f(p['tpot_ms_p99'])} | "
-                        f"{_f(p['itl_ms_p50'])}/{_f(p['itl_ms_p99'])} | {_f(p['aggregate_tps'])} | "
-                        f"{_f(p.get('tps_per_gpu'))} | {_f(p.get('goodput_tps'))} |")
+            rows.append(f"| {c['name']} | {c.get('gpus', '-')} | {p['concurrency']} | {fixed(p['ttft_ms_p50'])}/"
+                        f"{fixed(p['ttft_ms_p99'])} | {fixed(p['tpot_ms_p50'])}/{fixed(p['tpot_ms_p99'])} | "
+                        f"{fixed(p['itl_ms_p50'])}/{fixed(p['itl_ms_p99'])} | {fixed(p['aggregate_tps'])} | "
+                        f"{fixed(p.get('tps_per_gpu'))} | {fixed(p.get('goodput_tps'))} |")
     if len(rows) == 2:
         return ("The sweep has no point of the cookbook's shape (add {input: 8192, output: 1024} and concurrency 1, "
                 "16, 64 to sweep: inventory/production.tune.yml does).")
@@ -249,8 +252,8 @@ def winner_change(results: dict[str, Any], servers_by_host: dict[str, list[dict[
         return None
     d = out / "winner"
     lines = [f"# tune winner: {win['name']}", "", win.get("description") or "", "",
-             f"Objective {results['objective']}: {_f(win['score'])} (baseline: "
-             f"{_f(next((c.get('score') for c in results['candidates'] if c['name'] == 'baseline'), None))}).", "",
+             f"Objective {results['objective']}: {fixed(win['score'])} (baseline: "
+             f"{fixed(next((c.get('score') for c in results['candidates'] if c['name'] == 'baseline'), None))}).", "",
              "Copy host_vars/<host>/servers.yml over the inventory's (comments there are not carried), or add these "
              "keys by hand:", ""]
     for host, servers in servers_by_host.items():

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from pdstack.controller.load import rules, yamlsafe
+from pdstack.controller.load.field_checks import non_negative, positive  # the inventory's own value rules
 from pdstack.controller.load.schema import Field, Schema
-from pdstack.controller.load.variables import _non_negative, _positive  # the inventory's own value rules
 from pdstack.errors import InventoryError
 
 OBJECTIVES = ("c1_decode_tps", "aggregate_tps")
@@ -47,8 +47,8 @@ def _levels(v: list) -> str | None:
 
 
 SHAPE = Schema("shape", {
-    "input": Field((int,), "prompt tokens of each request", check=_positive),
-    "output": Field((int,), "tokens each request decodes (ignore_eos)", check=_positive),
+    "input": Field((int,), "prompt tokens of each request", check=positive),
+    "output": Field((int,), "tokens each request decodes (ignore_eos)", check=positive),
 })
 
 SWEEP = Schema("sweep", {
@@ -58,12 +58,12 @@ SWEEP = Schema("sweep", {
                     default=lambda: [{"input": 1024, "output": 256}, {"input": 8192, "output": 256},
                                      {"input": 32768, "output": 256}]),
     "prompts_per_level": Field((int,), "requests per point: this x the concurrency (at least min_prompts)",
-                               default=2, check=_positive),
-    "min_prompts": Field((int,), "requests per point at least", default=4, check=_positive),
+                               default=2, check=positive),
+    "min_prompts": Field((int,), "requests per point at least", default=4, check=positive),
     "warmup_prompts": Field((int,), "C=1 requests of the first shape before the sweep, not counted", default=4,
-                            check=_non_negative),
+                            check=non_negative),
     "warmup_wait_s": Field((int, float), "seconds to wait after the warm-up (after CUDA-graph capture a peer read "
-                           "C=1 low for ~30 s)", default=30, check=_non_negative),
+                           "C=1 low for ~30 s)", default=30, check=non_negative),
 })
 
 CANDIDATE = Schema("candidate", {
@@ -81,17 +81,17 @@ CANDIDATE = Schema("candidate", {
 TUNE_FILE = Schema("tune.yml", {
     "objective": Field((str,), "what the winner maximises", default="c1_decode_tps", choices=OBJECTIVES),
     "tpot_p99_ms_max": Field((int, float), "aggregate_tps: only points whose TPOT p99 is at most this count",
-                             default=None, check=_positive),
+                             default=None, check=positive),
     "start_timeout_s": Field((int,), "seconds a candidate's servers have to answer /health", default=1800,
-                             check=_positive),
+                             check=positive),
     "sweep": Field((dict,), "the load of every candidate's measurement", default=dict, schema=SWEEP),
     "accuracy_max_drop": Field((int, float), "a candidate whose accuracy-gate score (a fraction of the shipped set) "
                                "falls more than this below the baseline's is disqualified", default=0.05,
-                               check=_non_negative),
+                               check=non_negative),
     "goodput_tpot_ms": Field((int, float), "the report's goodput counts requests whose TPOT is within this (ms per "
-                             "output token; 50 = 20 tok/s per user)", default=50, check=_positive),
+                             "output token; 50 = 20 tok/s per user)", default=50, check=positive),
     "restart_s": Field((int, float), "the estimate's seconds for one restart with weights load on the real host "
-                       "(docs/tune.md)", default=600, check=_positive),
+                       "(docs/tune.md)", default=600, check=positive),
     "candidates": Field((list,), "the named overlays to try", item_schema=CANDIDATE),
 })
 

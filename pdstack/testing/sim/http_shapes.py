@@ -12,5 +12,5 @@ class BadRequest(Exception):
     pass
 
 
-def _error_body(status: int, message: str, err_type: str | None = None) -> dict:
+def error_body(status: int, message: str, err_type: str | None = None) -> dict:
     return {"object": "error", "message": message, "type": err_type or str(status), "param": None, "code": status}

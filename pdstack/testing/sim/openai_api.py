@@ -15,7 +15,7 @@ from pdstack.testing.sim.engine import Finish, GenRequest, SimAbort, Token
 from pdstack.testing.sim.http_shapes import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     BadRequest,
-    _error_body,
+    error_body,
 )
 
 
@@ -58,7 +58,7 @@ class OpenAIRoutes:
                 rid=body.get("rid") or uuid.uuid4().hex, prompt=prompt, max_new_tokens=max_tokens,
                 stream=stream, ignore_eos=bool(body.get("ignore_eos")), tool_constraint=constraint))
         except (BadRequest, ValueError, TypeError) as e:
-            return web.json_response(_error_body(400, str(e), "BadRequestError"), status=400)
+            return web.json_response(error_body(400, str(e), "BadRequestError"), status=400)
         model_name = body.get("model") or self.cfg.model_name
         created = int(time.time())
         oid = ("chatcmpl-" if chat else "cmpl-") + req.rid
@@ -69,8 +69,8 @@ class OpenAIRoutes:
                 text, _ids, fin = await self._collect(req)
             except SimAbort as a:
                 if a.status == HTTPStatus.BAD_REQUEST:
-                    return web.json_response(_error_body(400, a.message, "BadRequest"), status=400)
-                return web.json_response(_error_body(int(a.status), a.message), status=int(a.status))
+                    return web.json_response(error_body(400, a.message, "BadRequest"), status=400)
+                return web.json_response(error_body(int(a.status), a.message), status=int(a.status))
             finish = fin.reason["type"]
             matched = fin.reason.get("matched")
             if chat:
@@ -126,7 +126,7 @@ class OpenAIRoutes:
                         await self._sse(resp, {"id": oid, "object": obj, "created": created, "model": model_name,
                                                "choices": [], "usage": self._usage(ev)})
         except SimAbort as a:
-            await self._sse(resp, {"error": _error_body(int(a.status), a.message, a.status.name)})
+            await self._sse(resp, {"error": error_body(int(a.status), a.message, a.status.name)})
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

@@ -34,7 +34,7 @@ from pdstack.testing.sim.http_shapes import (  # noqa: F401 (re-exported: the si
     SHUTDOWN_GRACE_S,
     SSE_HEADERS,
     BadRequest,
-    _error_body,
+    error_body,
 )
 from pdstack.testing.sim.metrics import CONTENT_TYPE, SimMetrics
 from pdstack.testing.sim.openai_api import OpenAIRoutes
@@ -244,7 +244,7 @@ class SimServer(OpenAIRoutes):
             self.metrics.num_aborted_requests.inc()
             msg = f"Service unavailable (pdstack sim fault reject_status={status})"
             log.warning("rejecting %s with %d (fault reject_status)", request.path, status)
-            return web.json_response(_error_body(status, msg), status=status)
+            return web.json_response(error_body(status, msg), status=status)
 
         return wrapped
 
@@ -341,7 +341,7 @@ class SimServer(OpenAIRoutes):
     def _abort_response(a: SimAbort) -> web.Response:
         if a.status == HTTPStatus.BAD_REQUEST:  # SGLang raises ValueError for 400 aborts
             return web.json_response({"error": {"message": a.message}}, status=400)
-        return web.json_response(_error_body(int(a.status), a.message), status=int(a.status))
+        return web.json_response(error_body(int(a.status), a.message), status=int(a.status))
 
     async def _sse_start(self, request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers=SSE_HEADERS)

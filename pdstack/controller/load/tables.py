@@ -1,5 +1,7 @@
 """What the checks compare against: the flags and variables the planner owns, the flags refused, the limits
-SGLang checks only at startup. Data, no logic; every check module reads it from here."""
+SGLang checks only at startup. Data, and `server_where`, the one phrase that names a server in the inventory. Every
+check module reads it from here, and so does the read-back of the rendered artifacts (render/artifacts.py): it
+sits above both, in load/, so that no renderer imports a check."""
 
 from __future__ import annotations
 
@@ -96,8 +98,8 @@ DSV4_MAX_CONTEXT = 1048576
 # argparse destinations that carry secrets (they would be written into units and plan.json)
 SECRET_WORDS = ("api_key", "password", "secret", "db_url", "redis_url", "jwt_")
 # destinations ending in _port that are not a listener of this server (they name a remote peer's port)
-_REMOTE_PORT_WORDS = ("remote", "seed", "service_discovery")
+REMOTE_PORT_WORDS = ("remote", "seed", "service_discovery")
 
 
-def _where(host: str, i: int, s: dict[str, Any]) -> str:
+def server_where(host: str, i: int, s: dict[str, Any]) -> str:
     return f"host_vars/{host} pdstack_servers[{i}] ({s.get('name')})"
