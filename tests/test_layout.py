@@ -88,11 +88,12 @@ def test_the_check_sees_a_function_local_import(tmp_path):
 # The controller's pipeline, one way down (pdstack/controller/pipeline.py): a stage imports only from the stages
 # above it, so the checks never reach into the planner and the planner never into what renders or gates its output.
 STAGES = ("load", "check", "plan", "render", "gates")
-# Side pipelines beside the stages: the image build reads the plan; locks is a leaf utility.
-SIDE = {"imagebuild": "plan", "locks": "load"}
+# Beside the stages: locks is a leaf utility.
+SIDE = {"locks": "load"}
 # The drivers below every stage: pipeline.py runs load -> render; tune/ runs the pipeline and the gates in a loop;
-# status/ reads the inventory and what the hosts report (`pdstack status`).
-DRIVERS = ("pipeline", "tune", "status")
+# status/ reads the inventory and what the hosts report (`pdstack status`); imagebuild/ (`invoke build`) pins the
+# plan's argv through the pipeline.
+DRIVERS = ("pipeline", "tune", "status", "imagebuild")
 
 
 def _stage(mod: str) -> int | None:

@@ -20,7 +20,6 @@ from pdstack.controller.imagebuild.common import (
     sha256_file,
 )
 from pdstack.controller.imagebuild.pins import default_series_dir, router_version, sglang_version
-from pdstack.errors import InventoryError
 
 # pdstack as the prod image runs it (pdstack/image/__init__.py says why): the package root, errors, image/.
 PROD_TOOLS = ("pdstack/__init__.py", "pdstack/errors.py", "pdstack/image/__init__.py", "pdstack/image/patches.py",
@@ -109,20 +108,15 @@ def plan_argv() -> dict[str, dict]:
     """{server: {flags, env}} of the production plan on the reference topology (what checks.py parses in the image).
 
     Derived from the inventory and the recorded facts, so its digest is a pin: an inventory edit that changes a
-    server's flags rebuilds the checks layer, and nothing else does. The image build sits beside the planner, so it
-    runs the stages above it itself (load, check, plan) and no driver: the reference inventory must pass the checks;
-    reading its rendered artifacts back is `pdstack plan`'s (and the tests'), and changes no flag."""
-    from pdstack.controller.check import preflight
+    server's flags rebuilds the checks layer, and nothing else does. The image build is a driver, as `pdstack plan`
+    is: it runs the whole pipeline (checks, plan, read-back), so the argv it pins is the one a deploy would run."""
+    from pdstack.controller import pipeline
     from pdstack.controller.load import inventory
     from pdstack.controller.load.facts import load_facts
-    from pdstack.controller.plan import planner
 
     dep = inventory.load(ROOT / PLAN_INVENTORY)
     facts = load_facts(ROOT / PLAN_FACTS, list(dep.hosts))
-    problems = preflight.static_problems(dep, deploy=False) + preflight.topology_problems(dep, facts)
-    if problems:
-        raise InventoryError([inventory.located(p, dep.locations) for p in problems])
-    plan = planner.build_plan(dep, facts, require_image=False)
+    plan = pipeline.make_plan(dep, facts, require_image=False)
     return {s.name: {"role": s.role, "flags": list(s.flags), "env": dict(s.env)} for s in plan.servers}
 
 
