@@ -1,4 +1,5 @@
-"""Role hygiene that linters do not check: defaults and argument_specs agree, templates carry ansible_managed."""
+"""Role and playbook hygiene that linters do not check: defaults and argument_specs agree, templates carry
+ansible_managed, every phase playbook runs alone."""
 
 from __future__ import annotations
 
@@ -89,6 +90,25 @@ def test_playbook_phase_numbers_follow_site_order():
     for n, f in enumerate(phases, start=1):
         head = (ROOT / "playbooks" / f).read_text().splitlines()[1]
         assert head.startswith(f"# Phase {n}:"), f"playbooks/{f}: says {head!r}, but it is phase {n} in site.yml"
+
+
+def test_every_phase_playbook_imports_the_preflight_first_and_site_runs_each():
+    """Each playbook imports preflight.yml first (the plan and facts every role reads), so `ansible-playbook
+    playbooks/<phase>.yml` runs alone; each preflight play ends at its first task once the run's plan is computed, so
+    site.yml, which imports preflight.yml through every phase, runs it once; site.yml runs every playbook but
+    rollback.yml, preflight first."""
+    books = sorted(f.name for f in (ROOT / "playbooks").glob("*.yml") if f.name != "site.yml")
+    site = [p["ansible.builtin.import_playbook"] for p in yaml.safe_load((ROOT / "playbooks" / "site.yml").read_text())]
+    assert site[0] == "preflight.yml" and sorted(site) == sorted(set(books) - {"rollback.yml"}), site
+    for name in books:
+        if name != "preflight.yml":
+            first = yaml.safe_load((ROOT / "playbooks" / name).read_text())[0]
+            assert first.get("ansible.builtin.import_playbook") == "preflight.yml", f"playbooks/{name}: first play"
+    for play in yaml.safe_load((ROOT / "playbooks" / "preflight.yml").read_text()):
+        assert "always" in play["tags"], f"{play['name']}: not tagged always (a --tags run needs the plan)"
+        guard = play["tasks"][0]
+        assert guard.get("ansible.builtin.meta") == "end_play", f"{play['name']}: first task is not the guard"
+        assert guard.get("when") == "hostvars['localhost'].preflight_plan is defined", play["name"]
 
 
 def test_layout_doc_lists_every_role():
