@@ -31,12 +31,14 @@ def engine_or_skip() -> None:
         pytest.skip(f"no Docker engine reachable ({e}); ./dev.sh setup starts one")
 
 
-def playbook(inventory: Path | str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+def playbook(inventory: Path | str, *args: str, timeout: int = 900, book: str = "site.yml"
+             ) -> subprocess.CompletedProcess:
+    """`ansible-playbook BOOK -i INVENTORY ARGS...` from the repo root (site.yml, or one phase's playbook)."""
     from pdstack.testing import mirror
     mirror.ensure()  # the sim inventories' model phase fetches from it (a no-op while nginx serves)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
            "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"}
-    return subprocess.run([str(BIN / "ansible-playbook"), "site.yml", "-i", str(inventory), *args], cwd=ROOT,
+    return subprocess.run([str(BIN / "ansible-playbook"), book, "-i", str(inventory), *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -1,4 +1,5 @@
-"""Role hygiene that linters do not check: defaults and argument_specs agree, templates carry ansible_managed."""
+"""Role and playbook hygiene that linters do not check: defaults, argument_specs and each README's variable table
+agree, templates carry ansible_managed, every phase playbook runs alone."""
 
 from __future__ import annotations
 
@@ -64,6 +65,39 @@ def test_each_role_has_a_readme_naming_every_public_variable_and_entry_point(rol
             assert f"tasks_from: {ep}" in text, f"{readme}: does not describe entry point `tasks_from: {ep}`"
 
 
+def _readme_default(value) -> str:
+    """A default as the role READMEs' variable tables write it: in backticks (a `|` escaped for the table), YAML's
+    true/false, `""` for an empty string, a list item by item (`[]` when empty)."""
+    if isinstance(value, list) and value:
+        return ", ".join(_readme_default(v) for v in value)
+    text = {True: "true", False: "false", "": '""'}.get(value, value) if isinstance(value, (bool, str)) else value
+    return f"`{text}`".replace("|", "\\|")
+
+
+@pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
+def test_a_roles_readme_variable_table_is_its_argument_specs_with_the_defaults(role: Path):
+    """The README's `| variable | default | ... |` table lists exactly the argument_specs options (every entry
+    point's), each with its defaults/main.yml value, or `required` for a required parameter."""
+    text = (role / "README.md").read_text()
+    tables = re.findall(r"^\| variable \| default \| \w+ \|\n\|---\|---\|---\|\n((?:\|.*\n?)*)", text, re.M)
+    assert len(tables) == 1, f"{role.name}/README.md: {len(tables)} variable tables, want one"
+    rows = {}
+    for line in tables[0].splitlines():
+        m = re.match(r"^\| `(\w+)` \| (.*?) \| .* \|$", line)
+        assert m, f"{role.name}/README.md: not a `| `name` | default | what |` row: {line[:100]}"
+        assert m[1] not in rows, f"{role.name}/README.md: {m[1]} listed twice"
+        rows[m[1]] = m[2]
+    options = {name: o for ep in _specs(role).values() for name, o in (ep.get("options") or {}).items()}
+    assert set(rows) == set(options), (f"{role.name}/README.md's variable table and meta/argument_specs.yml disagree: "
+                                       f"only in the README {sorted(set(rows) - set(options))}, only in the specs "
+                                       f"{sorted(set(options) - set(rows))}")
+    defaults_file = role / "defaults" / "main.yml"
+    defaults = (yaml.safe_load(defaults_file.read_text()) if defaults_file.exists() else None) or {}
+    for name, o in options.items():
+        want = "required" if o.get("required") else _readme_default(defaults[name])
+        assert rows[name] == want, f"{role.name}/README.md: {name}'s default is {rows[name]}, defaults/main.yml {want}"
+
+
 @pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
 def test_private_variables_stay_inside_their_role(role: Path):
     """STYLE.md: registered/private variables are `__<role>_*`, and no other role or playbook reads them."""
@@ -73,6 +107,14 @@ def test_private_variables_stay_inside_their_role(role: Path):
             for var in set(re.findall(r"\b__[a-z][a-z0-9_]*", f.read_text())) - {"__init__"}:
                 assert var.startswith(own), f"{f.relative_to(ROOT)}: {var} is not {own}* (a private variable of " \
                                             "another role, or unprefixed)"
+
+
+def test_templates_start_with_ansible_managed():
+    templates = sorted((ROOT / "roles").glob("*/templates/**/*.j2"))
+    assert templates
+    for f in templates:
+        head = f.read_text().splitlines()[0]
+        assert "ansible_managed" in head, f"{f.relative_to(ROOT)}: its first line does not carry ansible_managed"
 
 
 def test_playbooks_read_no_role_private_variables():
@@ -89,6 +131,25 @@ def test_playbook_phase_numbers_follow_site_order():
     for n, f in enumerate(phases, start=1):
         head = (ROOT / "playbooks" / f).read_text().splitlines()[1]
         assert head.startswith(f"# Phase {n}:"), f"playbooks/{f}: says {head!r}, but it is phase {n} in site.yml"
+
+
+def test_every_phase_playbook_imports_the_preflight_first_and_site_runs_each():
+    """Each playbook imports preflight.yml first (the plan and facts every role reads), so `ansible-playbook
+    playbooks/<phase>.yml` runs alone; each preflight play ends at its first task once the run's plan is computed, so
+    site.yml, which imports preflight.yml through every phase, runs it once; site.yml runs every playbook but
+    rollback.yml, preflight first."""
+    books = sorted(f.name for f in (ROOT / "playbooks").glob("*.yml") if f.name != "site.yml")
+    site = [p["ansible.builtin.import_playbook"] for p in yaml.safe_load((ROOT / "playbooks" / "site.yml").read_text())]
+    assert site[0] == "preflight.yml" and sorted(site) == sorted(set(books) - {"rollback.yml"}), site
+    for name in books:
+        if name != "preflight.yml":
+            first = yaml.safe_load((ROOT / "playbooks" / name).read_text())[0]
+            assert first.get("ansible.builtin.import_playbook") == "preflight.yml", f"playbooks/{name}: first play"
+    for play in yaml.safe_load((ROOT / "playbooks" / "preflight.yml").read_text()):
+        assert "always" in play["tags"], f"{play['name']}: not tagged always (a --tags run needs the plan)"
+        guard = play["tasks"][0]
+        assert guard.get("ansible.builtin.meta") == "end_play", f"{play['name']}: first task is not the guard"
+        assert guard.get("when") == "hostvars['localhost'].preflight_plan is defined", play["name"]
 
 
 def test_layout_doc_lists_every_role():

@@ -120,6 +120,21 @@ def test_one_host_second_run_changes_nothing_and_is_faster(one_host):
     check = playbook(ONE, "--check")
     assert check.returncode == 0, check.stdout[-4000:]
     assert all(r["changed"] == 0 for r in recap(check.stdout).values()), changed_tasks(check.stdout)
+    # site.yml imports preflight.yml through every phase: the plan is computed once a run
+    assert second.stdout.count(PLAN_TASK) == 1, second.stdout.count(PLAN_TASK)
+
+
+PLAN_TASK = "TASK [preflight : Preflight | topology checks and the plan]"
+
+
+def test_one_phase_runs_alone_on_the_deployed_host(one_host):
+    """`ansible-playbook playbooks/monitoring.yml` alone: its preflight import computes the plan once, then the phase
+    (node_exporter reading ansible_local itself, Prometheus from the plan) succeeds and changes nothing."""
+    alone = playbook(ONE, book="playbooks/monitoring.yml")
+    assert alone.returncode == 0, alone.stdout[-4000:]
+    assert alone.stdout.count(PLAN_TASK) == 1, alone.stdout[-4000:]
+    assert "TASK [prometheus : Prometheus | configure]" in alone.stdout, alone.stdout[-4000:]
+    assert all(r["changed"] == 0 for r in recap(alone.stdout).values()), changed_tasks(alone.stdout)
 
 
 def test_status_healthy_view_is_exit_0(one_host, hosts):
