@@ -31,6 +31,21 @@ def test_each_form_of_e_is_read_strictly_and_named_by_its_position(tmp_path: Pat
     assert "frontdoor_api_key" not in origins and "s3cret" not in text + json.dumps(origins)
 
 
+def test_an_e_cannot_stand_in_for_what_the_preflight_computes(tmp_path: Path):
+    """An -e outranks set_fact: `-e preflight_plan=...` would replace the checked plan every role reads. Each of
+    the preflight's outputs given by -e, in any of the three forms, is refused naming the -e."""
+    f = tmp_path / "vars.yml"
+    f.write_text("pdstack_environment: local\nfacts_topology: {}\n")
+    problems, _ = extra_vars.check(['preflight_plan={}', '{"preflight_plan_file": "/tmp/p.json"}', f"@{f}",
+                                    "preflight_vars_file=x other=1"])
+    text = "\n".join(problems)
+    for name, where in (("preflight_plan", "-e #1"), ("preflight_plan_file", "-e #2"),
+                        ("facts_topology", f"-e @{f}:2"), ("preflight_vars_file", "-e #4")):
+        assert f"{name} ({where}): the preflight computes {name}" in text, text
+    assert len(problems) == 4, problems
+    assert extra_vars.check(["pdstack_environment=local", "serving_model_changed=true"])[0] == []
+
+
 def test_a_resolved_inventory_names_the_e_a_value_came_from(tmp_path: Path):
     """What the preflight role writes (resolved variables + where the -e values set them): the checks' messages
     name the -e, not an inventory file, and an -e override of a protected setting is said out loud."""

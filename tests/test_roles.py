@@ -118,10 +118,10 @@ def test_templates_start_with_ansible_managed():
 
 
 def test_playbooks_read_no_role_private_variables():
-    for f in sorted((ROOT / "playbooks").glob("*.yml")):
+    for f in sorted((ROOT / "playbooks").rglob("*.yml")):
         own = f"__{f.stem}_"
         for var in set(re.findall(r"\b__[a-z][a-z0-9_]*", f.read_text())):
-            assert var.startswith(own), f"playbooks/{f.name}: {var} belongs to a role (use its public output)"
+            assert var.startswith(own), f"{f.relative_to(ROOT)}: {var} belongs to a role (use its public output)"
 
 
 def test_playbook_phase_numbers_follow_site_order():
@@ -134,22 +134,25 @@ def test_playbook_phase_numbers_follow_site_order():
 
 
 def test_every_phase_playbook_imports_the_preflight_first_and_site_runs_each():
-    """Each playbook imports preflight.yml first (the plan and facts every role reads), so `ansible-playbook
-    playbooks/<phase>.yml` runs alone; each preflight play ends at its first task once the run's plan is computed, so
-    site.yml, which imports preflight.yml through every phase, runs it once; site.yml runs every playbook but
-    rollback.yml, preflight first."""
-    books = sorted(f.name for f in (ROOT / "playbooks").glob("*.yml") if f.name != "site.yml")
+    """`ansible-playbook playbooks/<phase>.yml` runs alone: it imports preflight.yml (the checks, the facts and the
+    plan every role reads), then the phase's own plays (playbooks/phases/<phase>.yml). site.yml imports the preflight
+    once and then every phase, in playbooks/phases/ order of its own; no preflight play can be skipped by a variable
+    (a `when:` or `end_play` on one would let `-e` bypass the checks)."""
+    phases = sorted(f.name for f in (ROOT / "playbooks" / "phases").glob("*.yml"))
     site = [p["ansible.builtin.import_playbook"] for p in yaml.safe_load((ROOT / "playbooks" / "site.yml").read_text())]
-    assert site[0] == "preflight.yml" and sorted(site) == sorted(set(books) - {"rollback.yml"}), site
-    for name in books:
-        if name != "preflight.yml":
-            first = yaml.safe_load((ROOT / "playbooks" / name).read_text())[0]
-            assert first.get("ansible.builtin.import_playbook") == "preflight.yml", f"playbooks/{name}: first play"
+    assert site[0] == "preflight.yml" and sorted(site[1:]) == [f"phases/{f}" for f in phases], site
+    for name in phases:
+        wrapper = yaml.safe_load((ROOT / "playbooks" / name).read_text())
+        assert [p.get("ansible.builtin.import_playbook") for p in wrapper] == ["preflight.yml", f"phases/{name}"], \
+            f"playbooks/{name}"
+    rollback = yaml.safe_load((ROOT / "playbooks" / "rollback.yml").read_text())
+    assert rollback[0].get("ansible.builtin.import_playbook") == "preflight.yml", "playbooks/rollback.yml"
     for play in yaml.safe_load((ROOT / "playbooks" / "preflight.yml").read_text()):
         assert "always" in play["tags"], f"{play['name']}: not tagged always (a --tags run needs the plan)"
-        guard = play["tasks"][0]
-        assert guard.get("ansible.builtin.meta") == "end_play", f"{play['name']}: first task is not the guard"
-        assert guard.get("when") == "hostvars['localhost'].preflight_plan is defined", play["name"]
+        assert "when" not in play and all("when" not in t and "ansible.builtin.meta" not in t
+                                          for t in play["tasks"]), f"{play['name']}: a task a variable can skip"
+    others = {f.name for f in (ROOT / "playbooks").glob("*.yml")} - {"site.yml", "preflight.yml", "rollback.yml"}
+    assert others == set(phases), f"playbooks/ without a phase in playbooks/phases/: {others ^ set(phases)}"
 
 
 def test_layout_doc_lists_every_role():
@@ -161,7 +164,7 @@ def test_layout_doc_lists_every_role():
 
 def test_role_readmes_give_the_phase_of_the_playbook_they_name():
     """A role README that opens with "Phase N (`playbooks/X.yml`" is held to site.yml's order (README drift)."""
-    order = re.findall(r"import_playbook: (\w+)\.yml", (ROOT / "playbooks" / "site.yml").read_text())
+    order = re.findall(r"import_playbook: (?:phases/)?(\w+)\.yml", (ROOT / "playbooks" / "site.yml").read_text())
     checked, wrong = 0, []
     for readme in sorted((ROOT / "roles").glob("*/README.md")):
         for n, pb in re.findall(r"Phase (\d+) \(`playbooks/(\w+)\.yml`", readme.read_text()):
