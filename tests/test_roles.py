@@ -111,3 +111,31 @@ def test_role_readmes_give_the_phase_of_the_playbook_they_name():
                              f"{order.index(pb) + 1}")
     assert checked >= 10, "the role READMEs state their phase"
     assert not wrong, "\n".join(wrong)
+
+
+def test_host_code_reaches_the_hosts_only_as_the_artifact():
+    """One way to ship host code: the host-side artifact (built by the preflight, installed by roles/hostside). No
+    role links, copies or runs pdstack's source files: no symlink under roles/, no path from a role up into the
+    package (`role_path/../../pdstack`), no task or unit that names a pdstack/hostside module to copy or run."""
+    links = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "roles").rglob("*") if p.is_symlink())
+    assert not links, f"symlinks under roles/: {links}"
+    up = re.compile(r"\.\./pdstack\b")
+    run = re.compile(r"(\bsrc:|\bcmd:|\bargv\b|ExecStart=|command=)[^\n]*(pdstack/hostside/|pdstack\.hostside)|"
+                     r"-m\s+pdstack\.hostside")
+    bad = []
+    for f in sorted((ROOT / "roles").rglob("*")):
+        if f.is_file() and f.suffix in (".yml", ".j2", ".py", ".sh", ".cfg"):
+            for n, line in enumerate(f.read_text().splitlines(), start=1):
+                if up.search(line) or run.search(line):
+                    bad.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not bad, "host code shipped other than as the artifact:\n" + "\n".join(bad)
+    # and the roles that run host code run the installed artifact, one command each
+    uses = {"facts/templates/etc/ansible/facts.d/pdstack.fact.j2": "{{ facts_hostside.path }} facts",
+            "facts/tasks/read.yml": "{{ facts_hostside.artifact | quote }} facts",
+            "serving/tasks/restart.yml": '"{{ serving_hostside.path }}", drain]',
+            "watchdog/templates/etc/systemd/system/pdstack-watchdog.service.j2":
+                "{{ watchdog_hostside.path }} watchdog",
+            "watchdog_access/tasks/authorize.yml": "{{ watchdog_access_hostside.path }} restart-unit",
+            "model/tasks/tokenizer.yml": "model_hostside.artifact, 'model-fetch'"}
+    for f, use in uses.items():
+        assert use in (ROOT / "roles" / f).read_text(), (f, use)
