@@ -3,12 +3,14 @@ tests/test_site_rollouts.py, tests/test_image_pull.py, tests/test_site_model.py)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +21,16 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+
+
+def hostside_artifact() -> Path:
+    """The host-side artifact as the preflight builds it (pdstack-hostside.pyz), for tests that run host code the
+    way a host does. In the temp dir under a name that carries its sha256, so parallel workers share one file."""
+    from pdstack.controller.render import hostside
+    sha = hashlib.sha256(hostside.build_bytes()).hexdigest()
+    dest = Path(tempfile.gettempdir()) / f"pdstack-hostside-{sha[:16]}.pyz"
+    hostside.build(dest)
+    return dest
 
 
 def engine_or_skip() -> None:

@@ -1,5 +1,6 @@
 """pdstack/hostside/drain.py, the steps of a rolling restart, against the real sglang-router 0.3.2 and Debian's
-HAProxy in front of sim workers (pdstack.testing.admission.Stack), run as the hosts run it: `python3 -I drain.py`."""
+HAProxy in front of sim workers (pdstack.testing.admission.Stack), run as the hosts run it:
+`python3 -I pdstack-hostside.pyz drain`."""
 
 from __future__ import annotations
 
@@ -8,21 +9,23 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
+import site_helpers
 
 from pdstack.hostside import drain
 from pdstack.testing import admission
 from pdstack.testing.sim.launch import free_port, http_get
 
 pytestmark = pytest.mark.slow
-DRAIN = Path(drain.__file__)
+ARTIFACT = site_helpers.hostside_artifact()  # drain runs as its `drain` command, as on the hosts
 
 
 def run(*args: str) -> tuple[int, dict | None, str]:
-    """drain.py as restart.yml runs it: an isolated interpreter (-I: no site-packages, no PYTHONPATH), stdlib only."""
-    r = subprocess.run([sys.executable, "-I", str(DRAIN), *args], capture_output=True, text=True, timeout=120)
+    """drain.py as restart.yml runs it: the host-side artifact's `drain` in an isolated interpreter (-I: no
+    site-packages, no PYTHONPATH), stdlib only."""
+    r = subprocess.run([sys.executable, "-I", str(ARTIFACT), "drain", *args], capture_output=True, text=True,
+                       timeout=120)
     return r.returncode, (json.loads(r.stdout) if r.returncode == 0 else None), r.stderr
 
 

@@ -43,6 +43,9 @@ def test_an_e_cannot_stand_in_for_what_the_preflight_computes(tmp_path: Path):
                         ("facts_topology", f"-e @{f}:2"), ("preflight_vars_file", "-e #4")):
         assert f"{name} ({where}): the preflight computes {name}" in text, text
     assert len(problems) == 4, problems
+    private, _ = extra_vars.check(["__preflight_bad_key_hosts=[]", '{"_serving_x": 1}'])
+    assert [p.split(" (")[0] for p in private] == ["__preflight_bad_key_hosts", "_serving_x"], private
+    assert "private variable" in private[0], private
     assert extra_vars.check(["pdstack_environment=local", "serving_model_changed=true"])[0] == []
 
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import site_helpers
+
 from pdstack.hostside import facts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,11 +70,11 @@ def test_simulated_gpus_only_without_real_ones(tmp_path, monkeypatch):
 
 
 def test_script_runs_standalone_with_system_python_and_prints_json():
-    # it is installed as /etc/ansible/facts.d/pdstack.fact and run by the host's python3, outside any venv
-    script = ROOT / "roles" / "facts" / "files" / "pdstack.fact"
-    assert script.resolve() == (ROOT / "pdstack" / "hostside" / "facts.py").resolve()
-    out = subprocess.run(["/usr/bin/python3", "-I", str(script), "--simulate-gpus", "2"], capture_output=True,
-                         text=True, timeout=60, cwd="/")
+    # /etc/ansible/facts.d/pdstack.fact runs the host-side artifact's `facts` with the host's python3, outside any venv
+    wrapper = (ROOT / "roles/facts/templates/etc/ansible/facts.d/pdstack.fact.j2").read_text()
+    assert "exec {{ facts_python }} -I {{ facts_hostside.path }} facts\n" in wrapper
+    out = subprocess.run(["/usr/bin/python3", "-I", str(site_helpers.hostside_artifact()), "facts",
+                          "--simulate-gpus", "2"], capture_output=True, text=True, timeout=60, cwd="/")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["schema"] == facts.SCHEMA and data["numa_nodes"] and len(data["gpus"]) == 2

@@ -7,10 +7,11 @@ venv package (yaml, aiohttp, ...) or a controller module would work in tests and
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
-import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,8 @@ SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
 
 # Which pdstack files each rule allows (the package root and errors.py are stdlib-only and shared).
 ALLOWED = {
-    "hostside": {"pdstack/__init__.py", "pdstack/hostside/__init__.py", "pdstack/hostside/facts.py",
+    "hostside": {"pdstack/__init__.py", "pdstack/hostside/__init__.py", "pdstack/hostside/__main__.py",
+                 "pdstack/hostside/haproxy.py", "pdstack/hostside/facts.py",
                  "pdstack/hostside/probe.py", "pdstack/hostside/watchdog.py", "pdstack/hostside/watchdog_state.py",
                  "pdstack/hostside/restart_unit.py",
                  "pdstack/hostside/drain.py", "pdstack/hostside/status_collect.py", "pdstack/hostside/model_fetch.py",
@@ -68,30 +70,61 @@ def test_imports_with_isolated_system_python_and_stdlib_only(folder):
     assert not stray, f"pdstack/{folder} imports pdstack code that is not shipped with it: {stray}"
 
 
-def test_every_hostside_module_is_installed_by_its_role():
-    # roles/watchdog copies probe, watchdog and watchdog_state; roles/facts links facts.py. A new hostside module
-    # needs a role to ship it.
-    shipped = (ROOT / "roles" / "watchdog" / "tasks" / "install.yml").read_text()
-    for mod in ("probe", "watchdog", "watchdog_state"):
-        assert f"hostside/{mod}.py" in shipped
-    # roles/watchdog_access copies restart_unit (the forced command of the watchdog's key on serving hosts)
-    assert "pdstack/hostside/restart_unit.py" in (ROOT / "roles/watchdog_access/tasks/authorize.yml").read_text()
-    fact = ROOT / "roles" / "facts" / "files" / "pdstack.fact"
-    assert fact.resolve() == (ROOT / "pdstack" / "hostside" / "facts.py").resolve()
-    # roles/serving copies drain (the rolling restart's steps) onto the serving hosts and the router host
-    for tasks in ("configure.yml", "restart.yml"):
-        assert "pdstack/hostside/drain.py" in (ROOT / "roles/serving/tasks" / tasks).read_text(), tasks
-    # `pdstack status` ships status_collect.py itself, each run (`ansible -m script`): no role installs it
+def test_the_artifact_is_the_whole_package_and_the_same_bytes_for_the_same_sources(tmp_path):
+    """pdstack-hostside.pyz (render/hostside.py): every hostside module, byte-identical across builds, so a re-run
+    of site.yml copies nothing (changed=0) and a host's copy changes only when the code does."""
+    from pdstack.controller.render import hostside
+    a, b = tmp_path / "a" / hostside.FILENAME, tmp_path / "b" / hostside.FILENAME
+    sha = hostside.build(a)
+    assert hostside.build(b) == sha == hashlib.sha256(a.read_bytes()).hexdigest()
+    assert a.read_bytes() == b.read_bytes()
+    mtime = a.stat().st_mtime_ns
+    assert hostside.build(a) == sha and a.stat().st_mtime_ns == mtime  # same bytes: the file is left as it is
+    with zipfile.ZipFile(a) as z:
+        names = z.namelist()
+        assert names == sorted(names)
+        assert {i.date_time for i in z.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+        assert {i.external_attr >> 16 for i in z.infolist()} == {0o100644}
+    hostside_files = {f"pdstack/hostside/{p.name}" for p in (ROOT / "pdstack" / "hostside").glob("*.py")}
+    assert set(names) == {"__main__.py", "pdstack/__init__.py"} | hostside_files
+    assert hostside_files == ALLOWED["hostside"] - {"pdstack/__init__.py"}, "a new hostside module: list it above"
+
+
+@pytest.mark.skipif(SYSTEM_PYTHON is None, reason="no system python3 in /usr/bin (the host interpreter under test)")
+def test_each_command_of_the_artifact_runs_under_an_isolated_system_python(tmp_path):
+    """What the roles and units run: `python3 -I pdstack-hostside.pyz COMMAND`, with nothing of pdstack on sys.path
+    (cwd /, -I). Each command's --help, and the facts script's JSON."""
+    from pdstack.controller.render import hostside
+    from pdstack.hostside.__main__ import COMMANDS
+    pyz = tmp_path / hostside.FILENAME
+    hostside.build(pyz)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([SYSTEM_PYTHON, "-I", str(pyz), *args], capture_output=True, text=True, timeout=60,
+                              cwd="/")
+    top = run("--help")
+    assert top.returncode == 0, top.stderr
+    assert set(COMMANDS) == {"facts", "probe", "drain", "watchdog", "restart-unit", "model-fetch", "status-collect"}
+    for name in COMMANDS:
+        assert name in top.stdout
+        r = run(name, "--help")
+        assert r.returncode == 0 and r.stdout.startswith("usage:"), (name, r.stdout[-500:], r.stderr[-2000:])
+    assert run("nonesuch").returncode == 2
+    facts = json.loads(run("facts", "--simulate-gpus", "2").stdout)
+    assert facts["numa_nodes"] and len(facts["gpus"]) == 2 and "error" not in facts, facts
+    # the forced command refuses anything but `restart <a unit of this host's plan>`, without a plan file too
+    refused = subprocess.run([SYSTEM_PYTHON, "-I", str(pyz), "restart-unit"], capture_output=True, text=True,
+                             timeout=60, cwd="/", env={"SSH_ORIGINAL_COMMAND": "sh -c id"})
+    assert refused.returncode == 2 and "pdstack restart-unit:" in refused.stderr, refused.stderr
+
+
+def test_status_runs_the_artifacts_collector():
+    # `pdstack status` ships the collector each run (`ansible -m script`, a temporary copy): no role installs it
+    from pdstack.controller.render import hostside
     from pdstack.controller.status import status
-    assert status.COLLECTOR == ROOT / "pdstack" / "hostside" / "status_collect.py"
-    assert json.loads(status.ansible_command("inventory/local")[-1])["cmd"].startswith(str(status.COLLECTOR) + " ")
-    # roles/model installs the fetcher and its two siblings (the package tree, as the watchdog's)
-    model = (ROOT / "roles" / "model" / "tasks" / "main.yml").read_text()
-    for mod in ("model_fetch", "model_store", "model_source"):
-        assert f"hostside/{mod}.py" in model, mod
-    hostside = {"__init__.py", "facts.py", "probe.py", "watchdog.py", "watchdog_state.py", "restart_unit.py",
-                "drain.py", "status_collect.py", "model_fetch.py", "model_store.py", "model_source.py"}
-    assert {p.name for p in (ROOT / "pdstack" / "hostside").glob("*.py")} == hostside, sys.version
+    assert status.collector("inventory/local") == ROOT / "build" / "state" / "local" / hostside.FILENAME
+    cmd = json.loads(status.ansible_command("inventory/local")[-1])["cmd"]
+    assert cmd.startswith(f"{status.collector('inventory/local')} status-collect "), cmd
 
 
 def test_drain_wait_needs_nothing_in_flight_on_two_polls_in_a_row(monkeypatch):

@@ -1,6 +1,7 @@
 """pdstack/hostside/model_fetch.py against a real nginx: fetch, verify, resume, the failures' exit codes, the token.
 
-The script runs as a host runs it: `/usr/bin/python3 -I` (isolated: nothing but the stdlib to import) in a subprocess.
+The fetcher runs as a host runs it, the host-side artifact's `model-fetch` under `/usr/bin/python3 -I` (isolated:
+nothing but the stdlib to import), in a subprocess.
 One nginx for the module (Debian's, `apt-get install nginx`; the project's installer provides it) on a free port
 serves a small model (a config, two tokenizer files, a nested file, two shards of 2 and 3 MiB) at these locations:
 
@@ -31,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import site_helpers
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "pdstack" / "hostside" / "model_fetch.py"
+SCRIPT = site_helpers.hostside_artifact()  # the host-side artifact; its `model-fetch` is the fetcher
 PYTHON = "/usr/bin/python3"  # the host's interpreter; -I keeps the venv and PYTHON* out
 NGINX = "/usr/sbin/nginx"
 TOKEN = "s3cret-token"
@@ -150,7 +152,8 @@ class Fetch:
         lock_file = self.tmp / f"lock-{self.n}.json"
         lock_file.write_text(json.dumps(lock or self.mirror.lock))
         origin = base if base is not None else self.mirror.url if source == "http" else str(self.mirror.www)
-        return [PYTHON, "-I", str(SCRIPT), "fetch", "--lock", str(lock_file), "--dest", str(self.dest),
+        return [PYTHON, "-I", str(SCRIPT), "model-fetch", "fetch", "--lock", str(lock_file), "--dest",
+                str(self.dest),
                 "--source", source, "--from", origin, *args]
 
     def __call__(self, *args: str, env: dict | None = None, **kw) -> Result:

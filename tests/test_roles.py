@@ -113,7 +113,8 @@ def test_templates_start_with_ansible_managed():
     templates = sorted((ROOT / "roles").glob("*/templates/**/*.j2"))
     assert templates
     for f in templates:
-        head = f.read_text().splitlines()[0]
+        lines = f.read_text().splitlines()
+        head = lines[1] if lines[0].startswith("#!") else lines[0]  # a script's shebang must stay its first line
         assert "ansible_managed" in head, f"{f.relative_to(ROOT)}: its first line does not carry ansible_managed"
 
 
@@ -141,17 +142,21 @@ def test_every_phase_playbook_imports_the_preflight_first_and_site_runs_each():
     phases = sorted(f.name for f in (ROOT / "playbooks" / "phases").glob("*.yml"))
     site = [p["ansible.builtin.import_playbook"] for p in yaml.safe_load((ROOT / "playbooks" / "site.yml").read_text())]
     assert site[0] == "preflight.yml" and sorted(site[1:]) == [f"phases/{f}" for f in phases], site
+    runs_host_code = {"model.yml", "serving.yml", "watchdog.yml"}  # their roles run the host-side artifact
     for name in phases:
         wrapper = yaml.safe_load((ROOT / "playbooks" / name).read_text())
-        assert [p.get("ansible.builtin.import_playbook") for p in wrapper] == ["preflight.yml", f"phases/{name}"], \
-            f"playbooks/{name}"
+        want = ["preflight.yml", *(["hostside.yml"] * (name in runs_host_code)), f"phases/{name}"]
+        assert [p.get("ansible.builtin.import_playbook") for p in wrapper] == want, f"playbooks/{name}"
+    first = yaml.safe_load((ROOT / "playbooks" / "phases" / "facts.yml").read_text())[0]
+    assert first.get("ansible.builtin.import_playbook") == "../hostside.yml", "site.yml's facts phase installs it"
     rollback = yaml.safe_load((ROOT / "playbooks" / "rollback.yml").read_text())
     assert rollback[0].get("ansible.builtin.import_playbook") == "preflight.yml", "playbooks/rollback.yml"
     for play in yaml.safe_load((ROOT / "playbooks" / "preflight.yml").read_text()):
         assert "always" in play["tags"], f"{play['name']}: not tagged always (a --tags run needs the plan)"
         assert "when" not in play and all("when" not in t and "ansible.builtin.meta" not in t
                                           for t in play["tasks"]), f"{play['name']}: a task a variable can skip"
-    others = {f.name for f in (ROOT / "playbooks").glob("*.yml")} - {"site.yml", "preflight.yml", "rollback.yml"}
+    others = {f.name for f in (ROOT / "playbooks").glob("*.yml")} - {"site.yml", "preflight.yml", "hostside.yml",
+                                                                      "rollback.yml"}
     assert others == set(phases), f"playbooks/ without a phase in playbooks/phases/: {others ^ set(phases)}"
 
 
@@ -175,3 +180,31 @@ def test_role_readmes_give_the_phase_of_the_playbook_they_name():
                              f"{order.index(pb) + 1}")
     assert checked >= 10, "the role READMEs state their phase"
     assert not wrong, "\n".join(wrong)
+
+
+def test_host_code_reaches_the_hosts_only_as_the_artifact():
+    """One way to ship host code: the host-side artifact (built by the preflight, installed by roles/hostside). No
+    role links, copies or runs pdstack's source files: no symlink under roles/, no path from a role up into the
+    package (`role_path/../../pdstack`), no task or unit that names a pdstack/hostside module to copy or run."""
+    links = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "roles").rglob("*") if p.is_symlink())
+    assert not links, f"symlinks under roles/: {links}"
+    up = re.compile(r"\.\./pdstack\b")
+    run = re.compile(r"(\bsrc:|\bcmd:|\bargv\b|ExecStart=|command=)[^\n]*(pdstack/hostside/|pdstack\.hostside)|"
+                     r"-m\s+pdstack\.hostside")
+    bad = []
+    for f in sorted((ROOT / "roles").rglob("*")):
+        if f.is_file() and f.suffix in (".yml", ".j2", ".py", ".sh", ".cfg"):
+            for n, line in enumerate(f.read_text().splitlines(), start=1):
+                if up.search(line) or run.search(line):
+                    bad.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not bad, "host code shipped other than as the artifact:\n" + "\n".join(bad)
+    # and the roles that run host code run the installed artifact, one command each
+    uses = {"facts/templates/etc/ansible/facts.d/pdstack.fact.j2": "{{ facts_hostside.path }} facts",
+            "facts/tasks/read.yml": "{{ facts_hostside.artifact | quote }} facts",
+            "serving/tasks/restart.yml": '"{{ serving_hostside.path }}", drain]',
+            "watchdog/templates/etc/systemd/system/pdstack-watchdog.service.j2":
+                "{{ watchdog_hostside.path }} watchdog",
+            "watchdog_access/tasks/authorize.yml": "{{ watchdog_access_hostside.path }} restart-unit",
+            "model/tasks/tokenizer.yml": "model_hostside.artifact, 'model-fetch'"}
+    for f, use in uses.items():
+        assert use in (ROOT / "roles" / f).read_text(), (f, use)

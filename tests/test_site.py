@@ -456,9 +456,9 @@ STATUS_HOST = "pdstack-test-1"
 STATUS_RULE = "/etc/prometheus/rules/pdstack-status-test.yml"
 STATUS_ACL = "/etc/haproxy/pdstack-maintenance.acl"
 STATUS_SOCKET = "/run/haproxy/admin.sock"
-STATUS_DRAIN = ("python3", "-I", "/usr/local/lib/pdstack/drain.py", "maintenance")  # what roles/serving runs
-STATUS_WATCHDOG = ("PYTHONPATH=/usr/local/lib/pdstack/python python3 -m pdstack.hostside.watchdog "
-                   "--config /etc/pdstack/watchdog.json")
+STATUS_DRAIN = ("python3", "-I", "/usr/local/lib/pdstack/pdstack-hostside.pyz", "drain",  # what roles/serving runs
+                "maintenance")
+STATUS_WATCHDOG = "python3 -I /usr/local/lib/pdstack/pdstack-hostside.pyz watchdog --config /etc/pdstack/watchdog.json"
 
 
 def _status() -> tuple[int, dict, float]:

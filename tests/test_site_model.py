@@ -152,7 +152,7 @@ def test_a_transfer_killed_half_way_is_resumed_not_restarted(fetched):
             assert time.monotonic() < deadline and slow.poll() is None, "the slow fetch did not start"
             time.sleep(0.3)
         # the transfer breaks: the fetcher on the host is killed mid-file
-        assert sh(HOST, "pkill", "-KILL", "-f", "model_fetch").returncode == 0
+        assert sh(HOST, "pkill", "-KILL", "-f", "model-fetch").returncode == 0
         out, _ = slow.communicate(timeout=120)
     finally:
         if slow.poll() is None:

@@ -401,8 +401,8 @@ def test_a_stopped_server_out_of_the_router_is_started_and_put_back_by_the_servi
     it) starts it, waits for /health and puts it back into the router before the next server, restarting nothing
     else; the front door then answers through it."""
     host, decode0 = "pdstack-roll-1", "http://pdstack-roll-1:30001"
-    out = sh(host, "python3", "-I", "/usr/local/lib/pdstack/drain.py", "out", "--router", "http://127.0.0.1:8001",
-             "--worker-url", decode0)
+    out = sh(host, "python3", "-I", "/usr/local/lib/pdstack/pdstack-hostside.pyz", "drain", "out",
+             "--router", "http://127.0.0.1:8001", "--worker-url", decode0)
     assert out.returncode == 0 and json.loads(out.stdout)["changed"] is True, (out.stdout, out.stderr)
     assert sh(host, "systemctl", "stop", "pdstack-server-decode-0.service").returncode == 0
     assert decode0 not in _router_workers(host)

@@ -90,7 +90,8 @@ def test_three_host_layout_serves_across_hosts(hosts, one_host_first):
 
     # the watchdog on host 3 reaches decode on host 2 with its own key, which may only restart pdstack server units
     keys = host_file("pdstack-three-2", "/root/.ssh/authorized_keys")
-    assert 'restrict,command="/usr/bin/python3 -I /usr/local/lib/pdstack/restart-unit"' in keys, keys
+    forced = 'restrict,command="/usr/bin/python3 -I /usr/local/lib/pdstack/pdstack-hostside.pyz restart-unit"'
+    assert forced in keys, keys
     ssh = ["ssh", "-i", "/root/.ssh/pdstack_watchdog", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
            "-o", "UserKnownHostsFile=/etc/pdstack/watchdog_known_hosts", "root@pdstack-three-2"]
     denied = sh("pdstack-three-3", *ssh, "id")

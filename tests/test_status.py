@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import site_helpers
 
 from pdstack import cli
 from pdstack.controller.status import status, status_judge, status_view
@@ -449,8 +450,9 @@ def test_the_ansible_command_runs_the_collector_with_the_hosts_python():
     assert argv[1:3] == ["all", "-i"] and argv[3] == str((Path.cwd() / "inventory/production").resolve())
     assert "ansible.builtin.script" in argv
     args = json.loads(argv[-1])
-    assert args["executable"] == "/usr/bin/python3" and str(status.COLLECTOR) in args["cmd"]
-    assert status.COLLECTOR.exists() and "--dcgm-port" in args["cmd"] and "--prometheus-port 9090" in args["cmd"]
+    collector = status.collector("inventory/production")  # the host-side artifact, its `status-collect`
+    assert args["executable"] == "/usr/bin/python3" and f"{collector} status-collect " in args["cmd"]
+    assert collector.exists() and "--dcgm-port" in args["cmd"] and "--prometheus-port 9090" in args["cmd"]
 
 
 def test_the_ports_are_the_roles_defaults_or_the_plans(tmp_path, monkeypatch):
@@ -577,8 +579,9 @@ def test_the_table_names_the_profile_in_force():
 
 
 def test_the_collector_runs_as_a_script_with_only_the_standard_library(tmp_path):
-    r = subprocess.run(["python3", "-I", str(status.COLLECTOR), "--plan", str(tmp_path / "none.json"),
-                        "--prometheus-port", "1", "--dcgm-port", "1"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(["python3", "-I", str(site_helpers.hostside_artifact()), "status-collect", "--plan",
+                        str(tmp_path / "none.json"), "--prometheus-port", "1", "--dcgm-port", "1"],
+                       capture_output=True, text=True, timeout=60, cwd="/")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["plan"] is None
 

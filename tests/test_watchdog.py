@@ -228,9 +228,16 @@ def test_a_lapsed_or_bad_hold_file_does_not_silence_the_watchdog(tmp_path, caplo
     assert hold_file.exists() == (content is not None)  # a lapsed hold is removed; a bad one is left for a person
 
 
-def test_the_writer_and_the_reader_of_a_hold_agree_on_its_longest():
-    # drain.py is copied alone onto the router host, so it cannot import watchdog_state's bound: a twin, kept equal
-    assert drain.MAX_HOLD_S == watchdog_state.MAX_HOLD_S == 6 * 3600
+def test_the_writer_and_the_reader_of_a_hold_agree_on_its_longest(tmp_path, monkeypatch, capsys):
+    """drain.py's `hold` takes its bound from watchdog_state (one constant): a change there moves both."""
+    assert watchdog_state.MAX_HOLD_S == 6 * 3600 and not hasattr(drain, "MAX_HOLD_S")
+    path = tmp_path / "hold.json"
+    monkeypatch.setattr(watchdog_state, "MAX_HOLD_S", 100)
+    assert drain.main(["hold", "--file", str(path), "--seconds", "101", "--reason", "x"]) == 1
+    assert "at most 100 s" in capsys.readouterr().err and not path.exists()
+    assert drain.main(["hold", "--file", str(path), "--seconds", "100", "--reason", "x"]) == 0
+    until, reason = watchdog_state.read_hold(str(path), time.time())
+    assert reason == "x" and until <= time.time() + 100
 
 
 @pytest.mark.parametrize("seconds", ["0", "-5", "nan", "inf", "999999"])

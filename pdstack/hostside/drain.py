@@ -38,11 +38,12 @@ import argparse
 import json
 import os
 import re
-import socket
 import sys
 import time
 import urllib.error
 import urllib.request
+
+from pdstack.hostside import haproxy, watchdog_state
 
 # The gauges that count a server's requests in flight (SGLang's names: running, waiting, and the PD queues) and the
 # front door's (HAProxy's Prometheus exporter: sessions at and queued for the router backend).
@@ -56,8 +57,6 @@ GAUGES = {
 POLL_S = 1.0
 # polls in a row that must see nothing in flight (wait_drained)
 QUIET_POLLS = 2
-# the longest hold of the watchdog one restart may ask for (the watchdog ignores a hold that reaches further)
-MAX_HOLD_S = 6 * 3600
 
 
 class Failed(Exception):
@@ -181,17 +180,10 @@ def runtime_api(sock: str, command: str, timeout: float = 5.0) -> str:
     if "\n" in command or "\r" in command or ";" in command:
         raise Failed(f"refusing a runtime API command with a line break or ';': {command!r}")
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout)
-            s.connect(sock)
-            s.sendall(command.encode() + b"\n")
-            chunks = []
-            while chunk := s.recv(65536):
-                chunks.append(chunk)
+        return haproxy.runtime_api(sock, command, timeout).strip()
     except OSError as e:
         raise Failed(f"the front door's runtime API at {sock}: {e} (is haproxy running? systemctl status "
                      f"haproxy)") from e
-    return b"".join(chunks).decode("utf-8", "replace").strip()
 
 
 def maintenance(state: str, sock: str, acl: str) -> dict:
@@ -208,8 +200,8 @@ def maintenance(state: str, sock: str, acl: str) -> dict:
 def hold(path: str, seconds: float, reason: str) -> dict:
     """Write the watchdog's hold file: {"until": epoch seconds, "reason": text}, atomically (the watchdog reads it
     with pdstack/hostside/watchdog.py's read_hold; tests/test_watchdog.py writes it with this function)."""
-    if not 0 < seconds <= MAX_HOLD_S:
-        raise Failed(f"--seconds {seconds:g}: a hold lasts more than 0 and at most {MAX_HOLD_S} s")
+    if not 0 < seconds <= watchdog_state.MAX_HOLD_S:
+        raise Failed(f"--seconds {seconds:g}: a hold lasts more than 0 and at most {watchdog_state.MAX_HOLD_S} s")
     until = time.time() + seconds
     parent = os.path.dirname(path) or "."
     try:

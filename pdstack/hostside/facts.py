@@ -399,12 +399,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description="pdstack host facts (JSON)")
+def main(argv: list[str] | None = None) -> int:
+    """The facts.d script: one line of JSON, even on an error (Ansible reports an opaque error otherwise)."""
+    ap = argparse.ArgumentParser(prog="pdstack-hostside facts", description="pdstack host facts (JSON)")
     register(ap)
     try:
-        a = ap.parse_args()
+        a = ap.parse_args(argv)
         print(json.dumps(collect(a.sysfs, simulate_gpus=a.simulate_gpus, model_path=a.model_path)))
-    except Exception as e:  # a facts.d script must print JSON, or Ansible reports an opaque error
+    except Exception as e:
         print(json.dumps({"schema": SCHEMA, "error": f"{type(e).__name__}: {e}"}))
-        sys.exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,8 +1,8 @@
 """Fetch the model directory a lock file describes, verify every file, keep a verification record (stdlib only).
 
-Runs on the target host with the host's own python3 and nothing else: the model phase installs it with its two
-siblings (model_store.py: the lock, the record, the counters; model_source.py: http, path, rsync) and the package
-root, and runs `python3 -m pdstack.hostside.model_fetch`; run as a file it finds its package beside it. The lock
+Runs on the target host with the host's own python3 and nothing else: the model phase runs it as the host-side
+artifact's `model-fetch` command (`python3 pdstack-hostside.pyz model-fetch fetch ...`), with its two siblings
+(model_store.py: the lock, the record, the counters; model_source.py: http, path, rsync) in the same zip. The lock
 (`pdstack model lock`) is the model: {"model": NAME, "revision": COMMIT (optional), "files": [{"path":
 "config.json", "size": 1234, "sha256": "<64 hex>"}, ...]}, each path relative and POSIX (no '..', no leading '/', no
 empty part).
@@ -50,11 +50,8 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
-if __package__ in (None, ""):  # run as a script (python3 .../pdstack/hostside/model_fetch.py): its package is beside
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from pdstack.hostside.model_source import Source, fetch_file  # noqa: E402
-from pdstack.hostside.model_store import (  # noqa: E402
+from pdstack.hostside.model_source import Source, fetch_file
+from pdstack.hostside.model_store import (
     RECORD,
     Entry,
     Failed,

@@ -380,12 +380,12 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pdstack-probe", allow_abbrev=False)
     register(p)
-    return run(p.parse_args(argv))
+    try:
+        return run(p.parse_args(argv))
+    except socket.gaierror as e:  # a router name that does not resolve: the router is down, as far as a probe sees
+        print(f"pdstack probe: {e}", file=sys.stderr)
+        return ROUTER_DOWN
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except socket.gaierror as e:
-        print(f"pdstack probe: {e}", file=sys.stderr)
-        sys.exit(ROUTER_DOWN)
+    sys.exit(main())

@@ -2,11 +2,11 @@
 
 The router host's watchdog restarts a wedged server on another host with
 `ssh -i /root/.ssh/pdstack_watchdog root@HOST restart pdstack-server-NAME.service`. Its key is authorized there only
-as `restrict,command="/usr/bin/python3 -I /usr/local/lib/pdstack/restart-unit" ssh-ed25519 ...`: sshd runs this
-script whatever the client asked for and puts the request in SSH_ORIGINAL_COMMAND. The script accepts exactly
-`restart UNIT` where UNIT is one of this host's pdstack server units (from /etc/pdstack/plan.json, the host's part of
-the plan), and runs `systemctl restart UNIT`. Anything else is refused with exit 2 and a message; no shell is
-involved. Standard library only (run with the host's python3 -I).
+as `restrict,command="/usr/bin/python3 -I /usr/local/lib/pdstack/pdstack-hostside.pyz restart-unit" ssh-ed25519
+...` (the host-side artifact's `restart-unit` command): sshd runs it whatever the client asked for and puts the
+request in SSH_ORIGINAL_COMMAND. It accepts exactly `restart UNIT` where UNIT is one of this host's pdstack server
+units (from /etc/pdstack/plan.json, the host's part of the plan), and runs `systemctl restart UNIT`. Anything else
+is refused with exit 2 and a message; no shell is involved. Standard library only (run with the host's python3 -I).
 """
 
 from __future__ import annotations

@@ -34,6 +34,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from pdstack.hostside import haproxy
+
 PLAN = "/etc/pdstack/plan.json"
 IMAGES = "/etc/pdstack/images.json"
 WATCHDOG_CONFIG = "/etc/pdstack/watchdog.json"
@@ -249,14 +251,7 @@ def containers(names: list[str], image: str) -> dict[str, Any]:
 
 
 def runtime_api(sock: str, command: str) -> str:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(TIMEOUT_S)
-        s.connect(sock)
-        s.sendall(command.encode() + b"\n")
-        chunks = []
-        while chunk := s.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks).decode("utf-8", "replace")
+    return haproxy.runtime_api(sock, command, TIMEOUT_S)
 
 
 def frontdoor(fd: dict[str, Any]) -> dict[str, Any]:
@@ -410,11 +405,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prometheus-port", type=int, required=True, help="Prometheus' port on a monitoring host")
     p.add_argument("--dcgm-port", type=int, required=True, help="dcgm-exporter's port on a GPU host")
     a = p.parse_args(argv)
+    os.environ.setdefault("SYSTEMD_COLORS", "0")  # systemctl's and journalctl's output is parsed, not shown
     json.dump(collect(a.plan, prometheus_port=a.prometheus_port, dcgm_port=a.dcgm_port), sys.stdout)
     sys.stdout.write("\n")
     return 0
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("SYSTEMD_COLORS", "0")
     sys.exit(main())

@@ -67,7 +67,8 @@ def atomic_write(path: str, text: str) -> None:
         raise
 
 
-# pdstack/hostside/drain.py's bound on one hold: a file that reaches further is not a planned restart's
+# The longest hold one planned restart may write (drain.py `hold` refuses more); a file that reaches further is not
+# a planned restart's, and the watchdog ignores it.
 MAX_HOLD_S = 6 * 3600
 
 

@@ -20,9 +20,9 @@ from pdstack.controller.load import yamlsafe
 # what pdstack reads besides its pdstack_* variables (the checks and the roles the preflight hands values to)
 READ_TOO = ("ansible_host", "node_exporter_port", "dcgm_exporter_port", "prometheus_listen",
             "grafana_port")
-# what the preflight computes for every later play (playbooks/preflight.yml): an -e outranks set_fact, so an -e of
-# one of these would stand in for the checked plan or host facts
-COMPUTED = ("preflight_plan", "preflight_plan_file", "preflight_vars_file", "facts_topology")
+# what the preflight computes for every later play (playbooks/preflight.yml): an -e outranks set_fact and a task's
+# vars, so an -e of one of these, or of a role's private `_`/`__` variable, would stand in for what was checked
+COMPUTED = ("preflight_plan", "preflight_plan_file", "preflight_vars_file", "preflight_hostside", "facts_topology")
 
 
 def _where(i: int, opt: str) -> str:
@@ -67,6 +67,8 @@ def check(raw: list[str] | tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
                 origins[name] = where
     problems += [f"{name} ({origins[name]}): the preflight computes {name} for every later play, and an -e would "
                  "replace it unchecked; remove it" for name in COMPUTED if name in origins]
+    problems += [f"{name} ({where}): a role's private variable (_ and __ names are computed inside a role); an -e "
+                 "would replace it unchecked: remove it" for name, where in origins.items() if name.startswith("_")]
     return problems, {k: v for k, v in origins.items() if yamlsafe.is_pdstack_var(k, READ_TOO)}
 
 

@@ -1,10 +1,11 @@
 """`pdstack status -i INVENTORY`: one read-only look at a deployment's health, for the operator's first look.
 
-It reaches the hosts the way site.yml does: `ansible all -i INVENTORY -m script` runs
-pdstack/hostside/status_collect.py with each host's python3 (Ansible's inventory and connection, no second list of
-addresses); the collector only reads. The controller adds the last smoke result (build/smoke/<inventory>/latest),
-judges (status_judge.py) and renders (status_view.py). Exit 0 all well, 1 attention, 2 bad inventory, 3 a host
-cannot be reached.
+It reaches the hosts the way site.yml does: `ansible all -i INVENTORY -m script` runs the host-side artifact's
+`status-collect` (pdstack/hostside/status_collect.py in build/state/<inventory>/pdstack-hostside.pyz, built here as
+the preflight builds it) with each host's python3, from a temporary copy (Ansible's inventory and connection, no
+second list of addresses); the collector only reads. The controller adds the last smoke result
+(build/smoke/<inventory>/latest), judges (status_judge.py) and renders (status_view.py). Exit 0 all well, 1
+attention, 2 bad inventory, 3 a host cannot be reached.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -19,11 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from pdstack.controller.load import inventory, rules
+from pdstack.controller.render import hostside
 from pdstack.controller.status import status_judge, status_view
 from pdstack.errors import InventoryError, PdstackError
 
 ROOT = Path(__file__).resolve().parents[3]
-COLLECTOR = ROOT / "pdstack" / "hostside" / "status_collect.py"
+
+
+def collector(source: str) -> Path:
+    """The host-side artifact the collector runs from: the preflight's, build/state/<inventory>/pdstack-hostside.pyz."""
+    return ROOT / "build" / "state" / Path(source).resolve().name / hostside.FILENAME
 
 
 def check_inventory(source: str) -> tuple[list[str], list[str], dict[str, dict[str, Any]]]:
@@ -53,9 +60,13 @@ def ports(source: str) -> tuple[int, int]:
 
 
 def ansible_command(source: str) -> list[str]:
+    """The ad-hoc run of the collector, its artifact built first (this checkout's code; the same bytes leave the
+    preflight's file as it is)."""
     ansible = Path(sys.executable).parent / "ansible"
     prometheus_port, dcgm_port = ports(source)
-    args = f"{COLLECTOR} --prometheus-port {prometheus_port} --dcgm-port {dcgm_port}"
+    hostside.build(collector(source))
+    args = (f"{shlex.quote(str(collector(source)))} status-collect --prometheus-port {prometheus_port} "
+            f"--dcgm-port {dcgm_port}")
     # absolute: ansible runs in the repo root (its ansible.cfg), the operator anywhere; a hung host gives up alone
     return [str(ansible) if ansible.exists() else "ansible", "all", "-i", str(Path(source).resolve()), "-T", "10",
             "--task-timeout", "30", "-m", "ansible.builtin.script",

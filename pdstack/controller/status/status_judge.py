@@ -14,7 +14,7 @@ from typing import Any
 
 ATTENTION, NOTE, UNREACHABLE = "attention", "note", "unreachable"
 EXIT_OK, EXIT_ATTENTION, EXIT_INVENTORY, EXIT_UNREACHABLE = 0, 1, 2, 3
-WATCHDOG_RESET = ("PYTHONPATH=/usr/local/lib/pdstack/python python3 -m pdstack.hostside.watchdog "
+WATCHDOG_RESET = ("python3 -I /usr/local/lib/pdstack/pdstack-hostside.pyz watchdog "
                   "--config /etc/pdstack/watchdog.json --reset")
 REFUSED_RATIO = 0.05  # the PdstackFrontDoorRefusingRequests alert's threshold (monitoring/rules)
 
