@@ -141,9 +141,9 @@ def testhost_up(c: Context, count: int = 1, prefix: str = "pdstack-local") -> No
     """Boot local Debian bookworm test hosts (systemd in containers), reachable by Ansible."""
     _no_dry(c, "testhost.up")
     from pdstack.errors import PdstackError
-    from pdstack.testing import testhost
+    from pdstack.testing.testhost import hosts
     try:
-        names = testhost.up(count=count, prefix=prefix)
+        names = hosts.up(count=count, prefix=prefix)
     except PdstackError as e:
         raise Exit(str(e), 1) from e
     print("test hosts up: " + ", ".join(names))
@@ -154,9 +154,9 @@ def testhost_down(c: Context, prefix: str = "pdstack-local") -> None:
     """Remove exactly what testhost.up made (containers, volumes, network)."""
     _no_dry(c, "testhost.down")
     from pdstack.errors import PdstackError
-    from pdstack.testing import testhost
+    from pdstack.testing.testhost import hosts
     try:
-        removed = testhost.down(prefix=prefix)
+        removed = hosts.down(prefix=prefix)
     except PdstackError as e:
         raise Exit(str(e), 1) from e
     print(f"removed: {removed}")
@@ -165,8 +165,8 @@ def testhost_down(c: Context, prefix: str = "pdstack-local") -> None:
 @task(help={"prefix": "container name prefix"})
 def testhost_status(c: Context, prefix: str = "pdstack-local") -> None:
     """Show the local test hosts."""
-    from pdstack.testing import testhost
-    print(testhost.format_status(testhost.status(prefix=prefix)))
+    from pdstack.testing.testhost import hosts
+    print(hosts.format_status(hosts.status(prefix=prefix)))
 
 
 @task(help={"arch": "CUDA arch to build for (repeatable; default sm_120a, or PDSTACK_CUDA_ARCHS)",
@@ -268,13 +268,13 @@ def rollback(c: Context, inventory: str = "") -> None:
 def build_image(c: Context, flavor: str = "prod", base: str = "", save: str = "", push: str = "") -> None:
     """Build the serving (prod) or test-engine (sim) image; a no-op when an image of the same inputs exists."""
     _no_dry(c, "build")
-    from pdstack.controller import imagebuild as b
+    from pdstack.controller.imagebuild import manifest, pipeline
     from pdstack.errors import PdstackError
     try:
-        m = b.build(flavor=flavor, base=base or None, save=save or None, push=push or None)
+        m = pipeline.build(flavor=flavor, base=base or None, save=save or None, push=push or None)
     except PdstackError as e:
         raise Exit(f"invoke build: {e}", 1) from e
-    print(b.format_manifest(m))
+    print(manifest.format_manifest(m))
 
 
 PROD_LOCK_CMD = ["pip", "compile", "--generate-hashes", "--python-platform", "x86_64-manylinux_2_36",

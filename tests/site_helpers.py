@@ -107,7 +107,7 @@ def completion(router: str, max_tokens: int = 8, timeout: float = 60) -> tuple[i
 def saved_sim_image() -> dict:
     """The sim image built and saved where inventory/test points (build/manifest-sim.json, build/images/sim.tar)."""
     engine_or_skip()
-    from pdstack.controller.imagebuild import build
+    from pdstack.controller.imagebuild.pipeline import build
     return build("sim", save=str(ROOT / "build" / "images" / "sim.tar"))
 
 
@@ -143,13 +143,13 @@ def vaulted(inv: Path, secrets: Path, whole: str, inline: str, key: str) -> Path
 def booted_hosts(prefix: str, count: int):
     """A fixture body: `count` fresh systemd test hosts named PREFIX-N (a killed run's leftovers removed first),
     yielded as {name: ip}, removed at the end."""
-    from pdstack.testing import testhost
-    testhost.down(prefix=prefix)
-    testhost.up(count=count, prefix=prefix)
+    from pdstack.testing.testhost import hosts
+    hosts.down(prefix=prefix)
+    hosts.up(count=count, prefix=prefix)
     try:
-        yield {row["name"]: row["ip"] for row in testhost.status(prefix)}
+        yield {row["name"]: row["ip"] for row in hosts.status(prefix)}
     finally:
-        testhost.down(prefix=prefix)
+        hosts.down(prefix=prefix)
 
 
 def wait_serving(router: str, deadline_s: float) -> tuple[int, str]:

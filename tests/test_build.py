@@ -148,6 +148,7 @@ def test_sbom_fills_an_empty_wheel_cache_from_the_lock_first(tmp_path, monkeypat
     """A fresh clone on a host that already has the image has no wheel cache: the SBOM step fills it from the lock
     (what CI's fresh clones meet), and still refuses a cache whose fill did not bring the locked wheel."""
     from pdstack.controller.imagebuild import sbom
+    from pdstack.controller.imagebuild import wheels as wheel_cache
 
     content = b"the locked wheel"
     lock = tmp_path / "x.lock"
@@ -162,7 +163,7 @@ def test_sbom_fills_an_empty_wheel_cache_from_the_lock_first(tmp_path, monkeypat
         return {"seconds": 0.0, "bytes": len(content)}
 
     monkeypatch.setattr(sbom, "BUILD_DIR", tmp_path / "build")
-    monkeypatch.setattr(sbom.wheel_cache, "download_locked", fill)
+    monkeypatch.setattr(wheel_cache, "download_locked", fill)
     out = sbom.write_sbom(lock, wheels)
     assert fills == [(lock, wheels)] and out["components"] == 1
     doc = json.loads((tmp_path / "build" / "sbom" / Path(out["path"]).name).read_text())

@@ -19,6 +19,7 @@ import yaml
 from pdstack.controller import pipeline
 from pdstack.controller.check import budgets
 from pdstack.controller.load import inventory, rules
+from pdstack.controller.load.facts import load_facts
 from pdstack.errors import InventoryError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +64,7 @@ def refused(inv: Path, tmp_path: Path, facts_edit=None) -> str:
     """The message of the InventoryError a deploy of `inv` gets (the same checks `pdstack preflight` runs)."""
     with pytest.raises(InventoryError) as err:  # never another exception: a traceback is not a refusal
         dep = inventory.load(inv)
-        facts = pipeline.load_facts(_facts(tmp_path, facts_edit, tuple(dep.hosts)), list(dep.hosts))
+        facts = load_facts(_facts(tmp_path, facts_edit, tuple(dep.hosts)), list(dep.hosts))
         pipeline.make_plan(dep, facts, deploy=True)
     return str(err.value)
 
@@ -159,7 +160,7 @@ def _comment_out_admission(inv: Path) -> None:
 
 def test_the_unedited_production_copy_plans_for_a_deploy(inv: Path, tmp_path: Path):
     dep = inventory.load(inv)
-    plan = pipeline.make_plan(dep, pipeline.load_facts(_facts(tmp_path), list(dep.hosts)), deploy=True)
+    plan = pipeline.make_plan(dep, load_facts(_facts(tmp_path), list(dep.hosts)), deploy=True)
     assert [s.name for s in plan.servers] == ["prefill-0", "decode-0"]
     assert plan.router.frontdoor["max_concurrent_requests"] == 32
     assert not any("documentation range" in w for w in plan.warnings), plan.warnings
@@ -248,7 +249,7 @@ def test_the_production_profile_is_production_only(inv: Path, tmp_path: Path):
         inventory.load(inv)
     _yaml_edit(inv, IMAGE, lambda v: v["pdstack_image"].update(engine="sim"))
     dep = inventory.load(inv)
-    plan = pipeline.make_plan(dep, pipeline.load_facts(_facts(tmp_path), list(dep.hosts)), deploy=True)
+    plan = pipeline.make_plan(dep, load_facts(_facts(tmp_path), list(dep.hosts)), deploy=True)
     assert plan.router.frontdoor["max_concurrent_requests"] == -1 and plan.environment == "local"
 
 
@@ -256,7 +257,7 @@ def test_mooncake_tcp_needs_no_rdma_on_either_side(inv: Path, tmp_path: Path):
     both(transfer(None, backend="mooncake_tcp"), two_hosts())(inv)
     dep = inventory.load(inv)
     facts = _facts(tmp_path, lambda f: f["gpu01"].update(infiniband=["mlx5_0"]), ("gpu01", "gpu02"))
-    assert pipeline.make_plan(dep, pipeline.load_facts(facts, list(dep.hosts)), deploy=True).servers
+    assert pipeline.make_plan(dep, load_facts(facts, list(dep.hosts)), deploy=True).servers
 
 
 # ------------------------------------------------------------------ class 5: budgets where they land
@@ -333,7 +334,7 @@ def test_host_memory_is_counted_where_it_lands(inv: Path, tmp_path: Path, edit, 
 def test_a_cpu_offload_within_the_node_plans(inv: Path, tmp_path: Path):
     extra(0, "cpu-offload-gb", 5)(inv)  # 150 + 5 x 4 = 170 of 187.6 GiB
     dep = inventory.load(inv)
-    fl = pipeline.make_plan(dep, pipeline.load_facts(_facts(tmp_path), list(dep.hosts)), deploy=True).servers[0].flags
+    fl = pipeline.make_plan(dep, load_facts(_facts(tmp_path), list(dep.hosts)), deploy=True).servers[0].flags
     assert fl[fl.index("--cpu-offload-gb") + 1] == "5"
 
 
@@ -386,7 +387,7 @@ def test_paths_and_references_are_checked_as_what_they_are(inv: Path, tmp_path: 
 def test_a_chat_template_under_the_model_plans(inv: Path, tmp_path: Path):
     extra(0, "chat-template", f"{MODEL_PATH}/templates//chat.jinja")(inv)
     dep = inventory.load(inv)
-    fl = pipeline.make_plan(dep, pipeline.load_facts(_facts(tmp_path), list(dep.hosts)), deploy=True).servers[0].flags
+    fl = pipeline.make_plan(dep, load_facts(_facts(tmp_path), list(dep.hosts)), deploy=True).servers[0].flags
     assert f"{MODEL_PATH}/templates//chat.jinja" in fl
 
 

@@ -22,7 +22,16 @@ from pathlib import Path
 import pytest
 
 from pdstack.controller.render import encoders as enc
-from pdstack.controller.render.encoders import Directive, EncodeError
+from pdstack.controller.render.encoders import EncodeError
+from pdstack.controller.render.readers import (
+    Directive,
+    haproxy_split,
+    parse_docker_volume,
+    parse_env_file,
+    parse_haproxy,
+    parse_prom_labels,
+    systemd_split,
+)
 
 SEED = 20261202
 N = 400
@@ -108,7 +117,7 @@ def test_systemd_exec_refused_or_split_back():
     passed = 0
     for _ in range(N):
         argv = ["/usr/bin/docker", *rng.sample(vals, rng.randint(1, 6))]
-        line = _either(enc.systemd_exec, enc.systemd_split, argv)
+        line = _either(enc.systemd_exec, systemd_split, argv)
         if line is None:
             assert any(any(ord(c) < 32 or c == "\x7f" or 0xD800 <= ord(c) < 0xE000 for c in w) for w in argv)
             continue
@@ -116,10 +125,10 @@ def test_systemd_exec_refused_or_split_back():
         if not any("$" in w or "%" in w for w in argv):
             assert shlex.split(line) == argv, line
     assert passed > N // 4
-    assert enc.systemd_split(enc.systemd_exec(["/bin/x", "a%b", "$HOME", ";", "it's"])) == ["/bin/x", "a%b", "$HOME",
+    assert systemd_split(enc.systemd_exec(["/bin/x", "a%b", "$HOME", ";", "it's"])) == ["/bin/x", "a%b", "$HOME",
                                                                                             ";", "it's"]
     with pytest.raises(ValueError):
-        enc.systemd_split("/bin/x $HOME")  # the host's environment would decide the word
+        systemd_split("/bin/x $HOME")  # the host's environment would decide the word
 
 
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="needs systemd-analyze")
@@ -153,7 +162,7 @@ def test_env_file_lines_refused_or_parsed_back():
     passed = 0
     for v in samples(seed=SEED + 3):
         key = rng.choice(["PDSTACK_X", "A1", "_k", v[:8], "1BAD", "A B", "A=B"])
-        text = _either(lambda d: enc.env_file(d), enc.parse_env_file, {key: v})
+        text = _either(lambda d: enc.env_file(d), parse_env_file, {key: v})
         if text is None:
             quoted = len(v) >= 2 and v[0] == v[-1] and v[0] in "'\""
             assert not enc.ENV_KEY.fullmatch(key) or any(ord(c) < 32 and c != "\t" or c == "\x7f" for c in v) \
@@ -161,7 +170,7 @@ def test_env_file_lines_refused_or_parsed_back():
         else:
             passed += 1
     assert passed > N // 4
-    assert enc.parse_env_file(enc.env_file({"A": "x=1 #not a comment", "B": ""})) == {"A": "x=1 #not a comment",
+    assert parse_env_file(enc.env_file({"A": "x=1 #not a comment", "B": ""})) == {"A": "x=1 #not a comment",
                                                                                      "B": ""}
     for v in ('"quoted"', "'quoted'", "x" * enc.ENV_LINE_MAX):  # docker 28 strips the quotes; a line over 64 KiB
         with pytest.raises(EncodeError):
@@ -176,7 +185,7 @@ def test_docker_volume_and_env_refused_or_read_back():
         except EncodeError:
             assert ":" in v or "," in v or any(ord(c) < 32 or c == "\x7f" for c in v) or "\ud800" in v, v
         else:
-            assert words[0] == "--volume" and enc.parse_docker_volume(words[1]) == (path, path, "ro")
+            assert words[0] == "--volume" and parse_docker_volume(words[1]) == (path, path, "ro")
         try:
             e = enc.docker_env("PDSTACK_V", v)
         except EncodeError:
@@ -209,7 +218,7 @@ def test_json_refused_or_loaded_back():
 def test_haproxy_words_refused_or_split_back():
     passed = 0
     for v in samples(seed=SEED + 6):
-        w = _either(enc.haproxy_word, lambda e: _one(enc.haproxy_split(e)), v)
+        w = _either(enc.haproxy_word, lambda e: _one(haproxy_split(e)), v)
         if w is None:
             assert v == "" or any(ord(c) < 32 or c == "\x7f" for c in v) or "\ud800" in v, v
             continue
@@ -228,7 +237,7 @@ def test_haproxy_directives_read_back_equal():
         ds = [Directive(("frontend", "f"), "http-request", tuple(rng.sample(vals, rng.randint(1, 5))))
               for _ in range(rng.randint(1, 6))]
         ds += [Directive(("backend", "b"), "server", ("r", "127.0.0.1:1", *rng.sample(vals, 2)))]
-        assert enc.parse_haproxy(enc.haproxy_text(ds, ["a header"])) == ds
+        assert parse_haproxy(enc.haproxy_text(ds, ["a header"])) == ds
 
 
 def test_an_injected_bind_is_refused_by_the_encoder():
@@ -243,7 +252,7 @@ def test_an_injected_bind_is_refused_by_the_encoder():
     assert enc.haproxy_address("::1", 8000) == "::1:8000"
     # quoted, a space cannot split a word: the directive keeps its arguments
     d = [Directive(("frontend", "f"), "bind", ("127.0.0.1:8000 http-request allow",))]
-    assert enc.parse_haproxy(enc.haproxy_text(d)) == d
+    assert parse_haproxy(enc.haproxy_text(d)) == d
 
 
 def _free_port() -> int:
@@ -274,7 +283,7 @@ def test_real_haproxy_reads_each_word_back(tmp_path: Path):
                                                               "}")))
     cfg = tmp_path / "h.cfg"
     cfg.write_text(enc.haproxy_text(ds))
-    assert enc.parse_haproxy(cfg.read_text()) == ds
+    assert parse_haproxy(cfg.read_text()) == ds
     r = subprocess.run([HAPROXY, "-c", "-f", str(cfg)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stdout + r.stderr
     proc = subprocess.Popen([HAPROXY, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -351,7 +360,7 @@ def test_prometheus_labels_refused_or_read_back():
             assert any((ord(c) < 32 and c != "\n") or c == "\x7f" for c in v) or "\ud800" in v, v
             continue
         passed += 1
-        assert enc.parse_prom_labels(text) == {"server": v, "n": "1"} and "\n" not in text
+        assert parse_prom_labels(text) == {"server": v, "n": "1"} and "\n" not in text
     assert passed > N // 4
     with pytest.raises(EncodeError):
         enc.prom_labels({"bad name": "x"})

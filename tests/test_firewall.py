@@ -11,6 +11,7 @@ import pytest
 
 from pdstack.controller import pipeline
 from pdstack.controller.load import inventory
+from pdstack.controller.load.facts import load_facts
 from pdstack.controller.render import firewall
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +20,7 @@ NFT = shutil.which("nft") or "/usr/sbin/nft"
 
 def _plan(inv: str, topo: str) -> dict:
     dep = inventory.load(ROOT / inv)
-    return pipeline.make_plan(dep, pipeline.load_facts(ROOT / "tests/topologies" / topo, list(dep.hosts))).to_dict()
+    return pipeline.make_plan(dep, load_facts(ROOT / "tests/topologies" / topo, list(dep.hosts))).to_dict()
 
 
 def test_protected_ports_are_every_pdstack_listener_but_the_front_door():

@@ -98,11 +98,11 @@ def registry(tmp_path_factory):
 @pytest.fixture(scope="module")
 def host(registry):
     """One fresh test host whose Docker (installed by the host phase) trusts the plain-HTTP registry."""
-    from pdstack.testing import testhost
-    testhost.down(prefix=PREFIX)
-    testhost.up(count=1, prefix=PREFIX)
+    from pdstack.testing.testhost import common, hosts
+    hosts.down(prefix=PREFIX)
+    hosts.up(count=1, prefix=PREFIX)
     try:
-        net = testhost.client().networks.get(testhost.network_name(PREFIX))
+        net = common.client().networks.get(hosts.network_name(PREFIX))
         gateway = net.attrs["IPAM"]["Config"][0]["Gateway"]
         reg = f"{gateway}:{registry['port']}"
         # The test host's setting, written before the host phase installs Docker: a plain-HTTP registry that is
@@ -112,7 +112,7 @@ def host(registry):
                   ).returncode == 0
         yield {"name": HOST, "registry": reg}
     finally:
-        testhost.down(prefix=PREFIX)
+        hosts.down(prefix=PREFIX)
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def pushed(registry, tmp_path_factory):
     """`invoke build --flavor sim --push 127.0.0.1:PORT`: the manifest with pushed.digest_ref, written to a file of
     this module's own (`manifest_file`): build/manifest-sim.json and build/images/sim.tar are what the deploying
     tests on the other worker read at the same time."""
-    from pdstack.controller.imagebuild import build
+    from pdstack.controller.imagebuild.pipeline import build
     own = tmp_path_factory.mktemp("manifest") / "manifest-sim.json"
     m = build("sim", push=f"127.0.0.1:{registry['port']}", manifest=own)
     m["manifest_file"] = str(own)
@@ -185,7 +185,7 @@ def test_a_digest_the_registry_lacks_fails_with_the_fix_and_changes_nothing(host
 
 
 def test_the_tarball_path_checks_the_manifests_id_and_labels_too(host, pushed, pulled, tmp_path):
-    from pdstack.controller.imagebuild import build
+    from pdstack.controller.imagebuild.pipeline import build
     tar = tmp_path / "sim.tar"
     saved = build("sim", save=str(tar), manifest=Path(pushed["manifest_file"]))
     try:  # the 1.7 GB tarball goes, whatever happens
@@ -265,7 +265,7 @@ def test_ship_the_prod_image_to_a_test_host_once(host, registry):
     # after the pull tests: the host's Docker must trust the registry again
     sh(HOST, "sh", "-c", f"printf '%s\\n' '{json.dumps({'insecure-registries': [host['registry']]})}' > "
        "/etc/docker/daemon.json && systemctl restart docker")
-    from pdstack.controller.imagebuild import build
+    from pdstack.controller.imagebuild.pipeline import build
     m = build("prod")
     size = m["size_bytes"] / 1e9
     fig: dict = {"tag": m["tag"], "image_bytes": m["size_bytes"], "free_gb_before": round(_free_gb(), 1)}

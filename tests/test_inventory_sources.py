@@ -20,6 +20,7 @@ import pytest
 
 from pdstack.controller import pipeline
 from pdstack.controller.load import inventory, modellock
+from pdstack.controller.load.facts import load_facts
 from pdstack.controller.render import readback
 from pdstack.errors import InventoryError
 
@@ -138,7 +139,7 @@ def test_a_lock_is_the_whole_checkpoint_within_sane_sizes(tmp_path: Path):
 
 def test_an_argv_word_past_what_execve_takes_is_refused(inv: Path):
     dep = inventory.load(inv)
-    plan = pipeline.make_plan(dep, pipeline.load_facts(TOPO, list(dep.hosts)))
+    plan = pipeline.make_plan(dep, load_facts(TOPO, list(dep.hosts)))
     assert readback.argv_size_problems(plan) == []
     s = plan.servers[0]
     s.flags[-1] = "x" * readback.MAX_ARG_STRLEN

@@ -7,7 +7,8 @@
 
 Inside controller/, the stages run one way down (docs/pipeline.md, The controller's stages): no stage imports a later
 one or a driver, the planner, renderers and gates import no check, no two pdstack modules import each other (function
--local imports count), and no private name crosses a module. Every import form is read as the module it imports.
+-local imports count), no private name crosses a module, and no module re-exports a name: each is imported from the
+module that defines it. Every import form is read as the module it imports.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def imports(path: Path, root: Path = PKG.parent) -> list[tuple[int, str, str | N
     """(line, module, name, bound) of every pdstack import in a file, at any depth (function-local imports too),
     each resolved to the module it actually imports: `from pdstack.a import b` is the module pdstack.a.b when b is
     a submodule, else the name b of pdstack.a; relative imports resolve against the file's own package.
-    `name` is the imported name (None: the module itself, "*": every public name); `bound` is the local name
-    bound to a module (`import pdstack.a.b as z`, `from pdstack.a import b`), else None."""
+    `name` is the imported name (None: the module itself, "*": every public name); `bound` is the local name the
+    import binds (`import pdstack.a.b as z`, `from pdstack.a import b`, `from pdstack.a import X as Y`), None for
+    `import pdstack.a` (it binds `pdstack`) and `*`."""
     own = module_name(path, root) if path.is_relative_to(root) else ""
     package = own if path.name == "__init__.py" else own.rpartition(".")[0]
     out = []
@@ -61,7 +63,7 @@ def imports(path: Path, root: Path = PKG.parent) -> list[tuple[int, str, str | N
                 if a.name != "*" and is_module(sub, root):
                     out.append((node.lineno, sub, None, a.asname or a.name))
                 else:
-                    out.append((node.lineno, base, a.name, None))
+                    out.append((node.lineno, base, a.name, None if a.name == "*" else a.asname or a.name))
     return sorted(out, key=lambda t: t[0])
 
 
@@ -248,6 +250,75 @@ def test_no_private_name_crosses_a_module_and_no_import_star():
     assert not bad, "make the name public in the module that owns it:\n" + "\n".join(bad)
 
 
+def top_names(mod: str, root: Path = PKG.parent) -> tuple[set[str], dict[str, str]]:
+    """The names a module defines at its top level, and those it imports from pdstack modules (name -> module)."""
+    p = root.joinpath(*mod.split("."))
+    p = p.with_suffix(".py") if p.with_suffix(".py").is_file() else p / "__init__.py"
+    tree = ast.parse(p.read_text(), str(p))
+    body = [n for s in tree.body for n in (s, *getattr(s, "body", ()), *getattr(s, "orelse", ()))
+            if not isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) or n is s]
+    defined = {n.name for n in body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+    defined |= {x.id for n in body if isinstance(n, ast.Assign | ast.AnnAssign | ast.AugAssign)
+                for tg in getattr(n, "targets", [getattr(n, "target", None)]) for x in ast.walk(tg)
+                if isinstance(x, ast.Name)}
+    imported = {bound: m for line, m, name, bound in imports(p, root) if name not in (None, "*")
+                and line in {n.lineno for n in tree.body}}
+    return defined, imported
+
+
+def definer(mod: str, name: str, root: Path = PKG.parent) -> str:
+    """The module that defines `name`, following the imports that carry it from `mod`."""
+    seen = set()
+    while mod not in seen:
+        seen.add(mod)
+        defined, imported = top_names(mod, root)
+        if name in defined or name not in imported:
+            return mod
+        mod = imported[name]
+    return mod
+
+
+def reexports(root: Path = PKG.parent) -> list[str]:
+    """Every re-export: a pdstack name (or module) a module imports and never reads, one it lists in `__all__`
+    without defining, and every import of a name from, or read of a name off, a module that only imports it."""
+    bad = []
+    for p in sorted((root / "pdstack").rglob("*.py")):
+        where, tree = p.relative_to(root), ast.parse(p.read_text(), str(p))
+        reads = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        defined, imported = top_names(module_name(p, root), root)
+        listed = [(n.lineno, e.value) for n in tree.body if isinstance(n, ast.Assign)
+                  and any(isinstance(tg, ast.Name) and tg.id == "__all__" for tg in n.targets)
+                  for e in getattr(n.value, "elts", []) if isinstance(e, ast.Constant)]
+        bound = {}
+        for line, mod, name, alias in imports(p, root):
+            local = alias or mod.split(".")[0]
+            if name is None:
+                bound[local] = mod if alias else mod.split(".")[0]
+            if name != "*" and local not in reads:
+                what = mod if name is None else f"{definer(mod, name, root)}.{name}"
+                bad.append(f"{where}:{line}: imports {what} and never reads it (callers import it from there)")
+            elif name not in (None, "*") and definer(mod, name, root) != mod:
+                bad.append(f"{where}:{line}: imports {mod}.{name}, defined in {definer(mod, name, root)}")
+        for line, name in listed:
+            if name in imported and name not in defined:
+                bad.append(f"{where}:{line}: lists {name} in __all__, defined in {definer(imported[name], name, root)}")
+        for node in ast.walk(tree):
+            chain, v = [], node.value if isinstance(node, ast.Attribute) else None
+            while isinstance(v, ast.Attribute):
+                chain.insert(0, v.attr)
+                v = v.value
+            if isinstance(v, ast.Name) and v.id in bound and is_module(mod := ".".join([bound[v.id], *chain]), root):
+                if not is_module(f"{mod}.{node.attr}", root) and definer(mod, node.attr, root) != mod:
+                    bad.append(f"{where}:{node.lineno}: reads {mod}.{node.attr}, defined in "
+                               f"{definer(mod, node.attr, root)}")
+    return bad
+
+
+def test_no_module_re_exports_a_name():
+    bad = reexports()
+    assert not bad, "import each name from the module that defines it:\n" + "\n".join(bad)
+
+
 def _plant(root: Path, files: dict[str, str]) -> Path:
     for rel, text in {"pdstack/__init__.py": "", "pdstack/controller/__init__.py": "", **files}.items():
         f = root / rel
@@ -311,6 +382,33 @@ def test_the_privacy_rule_catches_a_private_crossing(tmp_path, use):
     assert len(private_crossings(root)) == 1, private_crossings(root)
     (root / "pdstack/controller/load/b.py").write_text("from pdstack.controller.load import a\nv = a.X, a.__name__\n")
     assert not private_crossings(root)
+
+
+@pytest.mark.parametrize("use", ["from pdstack.controller.load.a import X", "from .a import X as Y",
+                                 "from pdstack.controller.load import a", "import pdstack.controller.load.a as m",
+                                 "from pdstack.controller.load.a import X\nv = X\n__all__ = ['X', 'v']"])
+def test_the_reexport_rule_catches_a_re_export(tmp_path, use):
+    root = _plant(tmp_path, {"pdstack/controller/load/a.py": "X = 1\n",
+                             "pdstack/controller/load/b.py": use + "\n",
+                             "pdstack/controller/load/c.py": "from pdstack.controller.load import b\nv = b.Z\n"})
+    assert len(reexports(root)) == 1, reexports(root)
+    assert reexports(root)[0].startswith(f"pdstack/controller/load/b.py:{1 + 2 * ('__all__' in use)}: ")
+    assert "pdstack.controller.load.a" in reexports(root)[0], reexports(root)
+    (root / "pdstack/controller/load/b.py").write_text(
+        "from pdstack.controller.load.a import X\nZ = X\n__all__ = ['Z']\n")
+    assert not reexports(root)
+
+
+@pytest.mark.parametrize(("use", "said"), [
+    ("from pdstack.controller.load.b import X\nv = X", "1: imports"),
+    ("from pdstack.controller.load import b\nv = b.X", "2: reads"),
+    ("import pdstack.controller.load.b\nv = pdstack.controller.load.b.X", "2: reads")])
+def test_the_reexport_rule_catches_a_name_taken_from_a_module_that_only_imports_it(tmp_path, use, said):
+    root = _plant(tmp_path, {"pdstack/controller/load/a.py": "X = 1\n",
+                             "pdstack/controller/load/b.py": "from pdstack.controller.load.a import X\nY = X\n",
+                             "pdstack/controller/load/c.py": use + "\n"})
+    assert reexports(root) == [f"pdstack/controller/load/c.py:{said} pdstack.controller.load.b.X, "
+                               "defined in pdstack.controller.load.a"]
 
 
 def test_no_module_of_pdstack_is_over_about_450_lines():

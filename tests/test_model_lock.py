@@ -20,6 +20,7 @@ import yaml
 from pdstack.controller import pipeline
 from pdstack.controller.gates import smoke_settings
 from pdstack.controller.load import inventory, modellock
+from pdstack.controller.load.facts import load_facts
 from pdstack.controller.plan import model as model_plan
 from pdstack.controller.plan import text as plan_text
 from pdstack.errors import InventoryError
@@ -65,7 +66,7 @@ HF = {"type": "hf", "repo": REPO, "revision": COMMIT, "lock": "../locks/model.js
 def _problems(inv: Path, facts_edit=None) -> list[str]:
     try:
         dep = inventory.load(inv)
-        facts = pipeline.load_facts(TOPO, list(dep.hosts))
+        facts = load_facts(TOPO, list(dep.hosts))
         if facts_edit:
             facts_edit(facts)
         pipeline.make_plan(dep, facts)
@@ -169,20 +170,20 @@ def test_the_plan_carries_the_lock_and_how_to_fetch_it(tmp_path):
     inv = _inventory(tmp_path, {**HF, "endpoint": "https://hf-mirror.example/"}, lock)
     (inv / "group_vars/all/hub.yml").write_text("---\nhf_token: hf_s3cretvalue\n")  # Vault's, in production
     dep = inventory.load(inv)
-    plan = pipeline.make_plan(dep, pipeline.load_facts(TOPO, list(dep.hosts))).to_dict()
+    plan = pipeline.make_plan(dep, load_facts(TOPO, list(dep.hosts))).to_dict()
     assert plan["model"]["lock"]["digest"] == modellock.digest(lock)
     assert plan["model"]["lock"]["files"] == lock["files"] and plan["model"]["lock"]["bytes"] == 80 * 10**9 + 109
     # hf is http from the hub's resolve URLs; the token is named, never carried
     assert plan["model"]["fetch"] == {"method": "http", "token_var": "hf_token",
                                       "from": f"https://hf-mirror.example/{REPO}/resolve/{COMMIT}"}
     assert "hf_s3cretvalue" not in json.dumps(plan)
-    text = plan_text.render_text(pipeline.make_plan(dep, pipeline.load_facts(TOPO, list(dep.hosts))))
+    text = plan_text.render_text(pipeline.make_plan(dep, load_facts(TOPO, list(dep.hosts))))
     assert f"hf source {REPO}@{COMMIT}" in text and "4 files, 80.00 GB" in text
 
 
 def test_without_a_source_production_warns_and_the_plan_says_unmanaged():
     dep = inventory.load(PROD)
-    plan = pipeline.make_plan(dep, pipeline.load_facts(TOPO, list(dep.hosts)))
+    plan = pipeline.make_plan(dep, load_facts(TOPO, list(dep.hosts)))
     assert plan.model["lock"] is None and plan.model["fetch"] is None
     assert any("pdstack_model.source is unset" in w for w in plan.warnings), plan.warnings
 

@@ -14,6 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdstack.controller import pipeline
 from pdstack.controller.load import inventory
+from pdstack.controller.load.facts import load_facts
+from pdstack.controller.plan.planner import DATASOURCE_UID, FOLDER
 from pdstack.controller.render.monitoring import dashboards, scrape
 from pdstack.hostside.facts import parse_cpulist
 
@@ -82,10 +84,10 @@ def test_dashboard_hygiene(d):
     ids = [p["id"] for p in j["panels"]]
     assert len(ids) == len(set(ids)), "duplicate panel ids"
     for p in panels:
-        assert p["datasource"]["uid"] == dashboards.DATASOURCE_UID, p["title"]
+        assert p["datasource"]["uid"] == DATASOURCE_UID, p["title"]
         assert p["targets"], p["title"]
         for t in p["targets"]:
-            assert t["expr"].strip() and t["datasource"]["uid"] == dashboards.DATASOURCE_UID, p["title"]
+            assert t["expr"].strip() and t["datasource"]["uid"] == DATASOURCE_UID, p["title"]
     used = {v for p in panels for t in p["targets"] for v in ("$host",) if v in t["expr"]}
     assert used <= {"$" + v["name"] for v in j.get("templating", {}).get("list", [])}
 
@@ -99,13 +101,13 @@ def test_role_provisions_dashboards_into_the_sglang_folder_never_general():
     assert "uid: {{ grafana_plan.monitoring.grafana.datasource_uid | to_json }}" in ds
     # the one definition reaches the role through the plan
     plan = _plan("inventory/production", "reference-2node-8gpu.json")
-    assert plan["monitoring"]["grafana"] == {"datasource_uid": dashboards.DATASOURCE_UID, "folder": dashboards.FOLDER}
-    assert dashboards.FOLDER == "sglang"
+    assert plan["monitoring"]["grafana"] == {"datasource_uid": DATASOURCE_UID, "folder": FOLDER}
+    assert FOLDER == "sglang"
 
 
 def _plan(inv: str, topo: str) -> dict:
     dep = inventory.load(ROOT / inv)
-    facts = pipeline.load_facts(ROOT / "tests/topologies" / topo, [h.name for h in dep.hosts.values()])
+    facts = load_facts(ROOT / "tests/topologies" / topo, [h.name for h in dep.hosts.values()])
     return pipeline.make_plan(dep, facts).to_dict()
 
 

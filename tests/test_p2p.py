@@ -11,6 +11,7 @@ import pytest
 
 from pdstack.controller import pipeline
 from pdstack.controller.load import inventory
+from pdstack.controller.load.facts import load_facts
 from pdstack.controller.plan import p2p_plan
 from pdstack.controller.plan.text import render_text
 from pdstack.image import p2p
@@ -21,7 +22,7 @@ TOPO = ROOT / "tests" / "topologies"
 
 def plan_of(inv: str, topo: str) -> dict:
     dep = inventory.load(ROOT / inv)
-    return pipeline.make_plan(dep, pipeline.load_facts(TOPO / topo, list(dep.hosts))).to_dict()
+    return pipeline.make_plan(dep, load_facts(TOPO / topo, list(dep.hosts))).to_dict()
 
 
 def reference_gate() -> dict:
@@ -46,12 +47,12 @@ def test_the_reference_plan_measures_each_tp_group_and_prefill_to_decode():
 
 def test_the_plan_text_and_so_the_deploy_summary_names_each_hosts_gate():
     dep = inventory.load(ROOT / "inventory/production")
-    text = render_text(pipeline.make_plan(dep, pipeline.load_facts(TOPO / "reference-2node-8gpu.json",
+    text = render_text(pipeline.make_plan(dep, load_facts(TOPO / "reference-2node-8gpu.json",
                                                                     list(dep.hosts))))
     assert "host gpu01: P2P gate before the servers start: 16 GPU pair(s) over GPUs 0,1,2,3,4,5,6,7, 2 all-reduce " \
         "group(s); floors 43.2 GB/s one NUMA node, 31.2 GB/s across NUMA nodes" in text.splitlines()
     dep = inventory.load(ROOT / "inventory/local")
-    text = render_text(pipeline.make_plan(dep, pipeline.load_facts(TOPO / "single-node-4gpu.json", list(dep.hosts))))
+    text = render_text(pipeline.make_plan(dep, load_facts(TOPO / "single-node-4gpu.json", list(dep.hosts))))
     assert "host pdstack-local-1: P2P gate: skipped (the sim test engine uses no GPU, nothing to measure: the gate " \
         "runs with the sglang engine)" in text.splitlines()
 

@@ -16,6 +16,8 @@ import pytest
 
 from pdstack.controller import pipeline
 from pdstack.controller.load import cache_trust, flags, inventory, parser_cache
+from pdstack.controller.load.facts import load_facts
+from pdstack.controller.load.parser_refs import Uncacheable
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = ROOT / "tests" / "topologies" / "reference-2node-8gpu.json"
@@ -115,7 +117,7 @@ def _help(p: argparse.ArgumentParser) -> str:
 
 def test_the_production_plans_argv_reads_the_same(live, cached):
     dep = inventory.load(ROOT / "inventory" / "production")
-    plan = pipeline.make_plan(dep, pipeline.load_facts(REF, list(dep.hosts)))
+    plan = pipeline.make_plan(dep, load_facts(REF, list(dep.hosts)))
     assert len(plan.servers) == 2
     for s in plan.servers:
         got = _parse(cached, s.flags)
@@ -286,7 +288,7 @@ def test_stand_ins_import_nothing_until_a_flag_of_theirs_is_parsed(own_module_tr
 def test_a_value_json_cannot_carry_is_not_cached(own_module_trusted, tmp_path: Path):
     p = _own_parser()
     p.add_argument("--path", type=Path, default=Path("/x"))
-    with pytest.raises(parser_cache.Uncacheable):
+    with pytest.raises(Uncacheable):
         parser_cache.describe(p)
     k = {"format": parser_cache.FORMAT}
     assert not parser_cache.save(tmp_path / "x.json", k, p, lambda: flags._StrictParser(prog="own"))

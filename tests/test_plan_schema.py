@@ -11,6 +11,7 @@ import pytest
 
 from pdstack.controller import pipeline
 from pdstack.controller.load import inventory
+from pdstack.controller.load.facts import load_facts
 from pdstack.controller.plan import planner
 from pdstack.hostside.facts import collect
 
@@ -26,7 +27,7 @@ CASES = [("inventory/production", TOPO / "reference-2node-8gpu.json"),
 def _plan(inv: str, topo: Path | None) -> planner.Plan:
     dep = inventory.load(ROOT / inv)
     sim_gpus = 3 if inv.endswith("two-decode") else 2  # its host_vars simulate a third GPU for decode-1
-    facts = (pipeline.load_facts(topo, list(dep.hosts)) if topo
+    facts = (load_facts(topo, list(dep.hosts)) if topo
              else dict.fromkeys(dep.hosts, collect(simulate_gpus=sim_gpus)))
     return pipeline.make_plan(dep, facts)
 

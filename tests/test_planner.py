@@ -15,9 +15,11 @@ import yaml
 
 from pdstack.controller import pipeline
 from pdstack.controller.load import flags, inventory
+from pdstack.controller.load.facts import load_facts
 from pdstack.controller.plan import image_choice, planner
 from pdstack.controller.plan.text import render_text
 from pdstack.errors import InventoryError
+from pdstack.switches import PD_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPO = ROOT / "tests" / "topologies"
@@ -26,7 +28,7 @@ REF = TOPO / "reference-2node-8gpu.json"
 
 def prod_plan() -> planner.Plan:
     dep = inventory.load(ROOT / "inventory" / "production")
-    return pipeline.make_plan(dep, pipeline.load_facts(REF, list(dep.hosts)))
+    return pipeline.make_plan(dep, load_facts(REF, list(dep.hosts)))
 
 
 def test_reference_plan_places_prefill_on_numa0_and_decode_on_numa1():
@@ -121,13 +123,14 @@ def test_front_door_config_from_the_plan_passes_haproxy_check(tmp_path: Path):
     """The rendered haproxy.cfg is accepted by the real haproxy (`haproxy -c`, what the role's validate: runs)."""
     import subprocess
 
+    from pdstack.controller.plan.planner import MAINTENANCE_FILE, RUNTIME_SOCKET
     from pdstack.controller.render import frontdoor
 
     haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
     if not Path(haproxy).exists():
         pytest.fail("haproxy is not installed: apt-get install haproxy (./dev.sh setup does)")
     fd = prod_plan().router.frontdoor
-    assert (fd["runtime_socket"], fd["maintenance_file"]) == (frontdoor.RUNTIME_SOCKET, frontdoor.MAINTENANCE_FILE)
+    assert (fd["runtime_socket"], fd["maintenance_file"]) == (RUNTIME_SOCKET, MAINTENANCE_FILE)
     (tmp_path / "maintenance.acl").write_text("")  # the role writes it empty (the switch off) before haproxy -c
     for key_file in (None, str(tmp_path / "keys")):
         (tmp_path / "keys").write_text("Bearer not-a-secret\n")
@@ -168,7 +171,7 @@ def test_index_k_choice_renders_every_switch_and_names_the_reader(tmp_path: Path
     d["pdstack_model"]["index_k_dtype"] = dtype
     f.write_text(yaml.safe_dump(d))
     dep = inventory.load(inv)
-    p = pipeline.make_plan(dep, pipeline.load_facts(REF, list(dep.hosts)))
+    p = pipeline.make_plan(dep, load_facts(REF, list(dep.hosts)))
     env, reader = INDEX_K_READERS[dtype]
     assert all({k: s.env.get(k) for k in env} == env for s in p.servers)
     assert reader in p.model["index_reader"] and f"index keys {dtype}: " in render_text(p)
@@ -273,7 +276,7 @@ def test_pd_timeout_defaults_are_sglangs_own():
     from pdstack.controller.load.variables import PD
     from pdstack.upstream import sglang_module
     environ = sglang_module("sglang.srt.environ")
-    for key, name in planner.PD_ENV.items():
+    for key, name in PD_ENV.items():
         upstream = getattr(environ.Envs, name, None)
         if upstream is None:  # SGLANG_HEALTH_CHECK_TIMEOUT is read with os.getenv in 0.5.23
             continue
@@ -289,7 +292,7 @@ def test_missing_build_manifest_warns_when_planning_and_fails_when_deploying(tmp
     hosts = inv / "hosts.yml"
     hosts.write_text(hosts.read_text().replace("192.0.2.10", "10.1.2.3"))
     dep = inventory.load(inv)
-    facts = pipeline.load_facts(REF, list(dep.hosts))
+    facts = load_facts(REF, list(dep.hosts))
     p = pipeline.make_plan(dep, facts)
     assert p.image is None and any("build the image first: invoke build --flavor prod" in w for w in p.warnings)
     with pytest.raises(InventoryError, match="cannot read .*none.json"):
@@ -403,12 +406,12 @@ def test_deepseek_v4_renders_its_tool_call_and_reasoning_parsers_and_no_chat_tem
 
 def test_parsers_can_be_overridden_or_turned_off(tmp_path: Path):
     dep = _with_model(tmp_path, tool_call_parser="deepseekv41", reasoning_parser="off")
-    p = pipeline.make_plan(dep, pipeline.load_facts(REF, list(dep.hosts)))
+    p = pipeline.make_plan(dep, load_facts(REF, list(dep.hosts)))
     assert _value(p.servers[0].flags, "--tool-call-parser") == "deepseekv41"
     assert "--reasoning-parser" not in p.servers[0].flags
     other = _with_model(tmp_path / "o", family="other")
     assert "--tool-call-parser" not in pipeline.make_plan(
-        other, pipeline.load_facts(REF, list(other.hosts))).servers[0].flags
+        other, load_facts(REF, list(other.hosts))).servers[0].flags
 
 
 def test_a_parser_sglang_does_not_know_is_refused_naming_the_variable(tmp_path: Path):

@@ -20,6 +20,8 @@ import yaml
 from pdstack.controller import pipeline
 from pdstack.controller.check import extra_args, network, preflight
 from pdstack.controller.load import flags, inventory, rules, tables
+from pdstack.controller.load.facts import load_facts
+from pdstack.controller.load.variables import ROLE_PORT_VARS
 from pdstack.controller.plan import planner
 from pdstack.errors import InventoryError
 
@@ -46,7 +48,7 @@ def inv(tmp_path: Path) -> Path:
 
 def plan(inv: Path, topo: str = "reference-2node-8gpu.json"):
     dep = inventory.load(inv)
-    return pipeline.make_plan(dep, pipeline.load_facts(TOPO / topo, list(dep.hosts)))
+    return pipeline.make_plan(dep, load_facts(TOPO / topo, list(dep.hosts)))
 
 
 def servers(fn):
@@ -592,7 +594,7 @@ def test_bad_inventory_is_rejected_with_its_message(inv: Path, tmp_path: Path, r
     facts = _facts(tmp_path, facts_edit)
     with pytest.raises(InventoryError) as err:
         dep = inventory.load(inv)
-        pipeline.make_plan(dep, pipeline.load_facts(facts, list(dep.hosts)), deploy=deploy)
+        pipeline.make_plan(dep, load_facts(facts, list(dep.hosts)), deploy=deploy)
     msg = str(err.value)
     for fragment in expected:
         assert fragment in msg, f"{fragment!r} not in:\n{msg}"
@@ -652,7 +654,7 @@ def test_simulated_gpus_refused_for_sglang_engine(inv: Path, tmp_path: Path):
     f.write_text(json.dumps(topo))
     dep = inventory.load(inv)
     with pytest.raises(InventoryError, match="GPUs are simulated"):
-        pipeline.make_plan(dep, pipeline.load_facts(f, list(dep.hosts)))
+        pipeline.make_plan(dep, load_facts(f, list(dep.hosts)))
 
 
 def test_missing_facts_say_how_to_get_them(inv: Path):
@@ -737,7 +739,7 @@ def test_model_limits_are_checked_when_the_facts_read_config_json_and_it_says_so
         inv: Path, tmp_path: Path, model_facts, warning):
     facts = _facts(tmp_path, None if model_facts is None else with_model(**model_facts))
     dep = inventory.load(inv)
-    p = pipeline.make_plan(dep, pipeline.load_facts(facts, list(dep.hosts)))
+    p = pipeline.make_plan(dep, load_facts(facts, list(dep.hosts)))
     said = [w for w in p.warnings if "were not checked against the model" in w]
     assert (warning in said[0]) if warning else not said, p.warnings
 
@@ -747,7 +749,7 @@ def test_allow_longer_context_env_turns_the_refusal_into_a_warning(inv: Path, tm
         SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN="1") for x in s]))
     facts = _facts(tmp_path, with_model(context_length=65536, num_attention_heads=64))
     dep = inventory.load(inv)
-    p = pipeline.make_plan(dep, pipeline.load_facts(facts, list(dep.hosts)))
+    p = pipeline.make_plan(dep, load_facts(facts, list(dep.hosts)))
     assert any("beyond the model's 65536" in w and "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1" in w
                for w in p.warnings)
 
@@ -756,7 +758,7 @@ def test_ib_device_present_on_the_host_is_rendered(inv: Path, tmp_path: Path):
     _edit(inv, SERVERS, servers(lambda s: [x["transfer"].update(ib_device="mlx5_0,mlx5_1") for x in s]))
     facts = _facts(tmp_path, lambda f: f.update(infiniband=["mlx5_0", "mlx5_1"]))
     dep = inventory.load(inv)
-    fl = pipeline.make_plan(dep, pipeline.load_facts(facts, list(dep.hosts))).servers[1].flags
+    fl = pipeline.make_plan(dep, load_facts(facts, list(dep.hosts))).servers[1].flags
     assert fl[fl.index("--disaggregation-ib-device") + 1] == "mlx5_0,mlx5_1"
 
 
@@ -765,7 +767,7 @@ def test_every_flag_the_planner_renders_is_owned_by_meaning(inv: Path, tmp_path:
     _edit(inv, SERVERS, servers(lambda s: [(x["transfer"].update(ib_device="mlx5_0"), x.update(extra_args={}))
                                            for x in s]))
     dep = inventory.load(inv)  # an IB device is checked against the host's facts: they list it
-    p = pipeline.make_plan(dep, pipeline.load_facts(_facts(tmp_path, lambda f: f.update(infiniband=["mlx5_0"])),
+    p = pipeline.make_plan(dep, load_facts(_facts(tmp_path, lambda f: f.update(infiniband=["mlx5_0"])),
                                                     list(dep.hosts)))
     owned = set(extra_args.dests(flags.sglang_parser(), tables.OWNED_FLAGS))
     for s in p.servers:
@@ -814,7 +816,7 @@ def _replace(value, path, new):
 def test_fuzz_wrong_types_everywhere_give_a_message_never_a_traceback():
     hostvars, groups = inventory.load_hostvars(PROD)
     hostvars["gpu01"]["pdstack_address"] = "10.0.0.10"
-    facts = pipeline.load_facts(TOPO / "reference-2node-8gpu.json", list(hostvars))
+    facts = load_facts(TOPO / "reference-2node-8gpu.json", list(hostvars))
     paths = [p for p in _paths(hostvars["gpu01"]) if len(p) >= 1]
     tried = refused = 0
     for path in paths:
@@ -837,7 +839,7 @@ def test_fuzz_wrong_types_everywhere_give_a_message_never_a_traceback():
 def test_fuzz_extra_args_of_every_kind_give_a_message_never_a_traceback():
     hostvars, groups = inventory.load_hostvars(PROD)
     hostvars["gpu01"]["pdstack_address"] = "10.0.0.10"
-    facts = pipeline.load_facts(TOPO / "reference-2node-8gpu.json", list(hostvars))
+    facts = load_facts(TOPO / "reference-2node-8gpu.json", list(hostvars))
     options = sorted(o[2:] for o in flags.sglang_parser()._option_string_actions if o.startswith("--"))
     router_options = sorted(o[2:] for o in flags.router_parser()._option_string_actions if o.startswith("--"))
     rng = random.Random(11)
@@ -898,14 +900,14 @@ def test_every_fixed_listener_names_a_real_role_default():
 
     src = (ROOT / "pdstack" / "controller" / "check" / "network.py").read_text()
     fixed = re.findall(r'_fixed\("(\w+)",', src)
-    assert sorted(fixed) == sorted(inventory.ROLE_PORT_VARS), fixed
-    for key, role in inventory.ROLE_PORT_VARS.items():
+    assert sorted(fixed) == sorted(ROLE_PORT_VARS), fixed
+    for key, role in ROLE_PORT_VARS.items():
         assert rules.role_default(role, key) is not None, f"roles/{role}/defaults/main.yml has no {key}"
         assert 1024 <= rules.role_port(role, key) <= 65535, (role, key)
     # the preflight role hands these variables to the planner (and so to this check) with the pdstack_* ones
     resolved = (ROOT / "roles" / "preflight" / "tasks" / "resolved.yml").read_text()
     wanted = re.search(r"__preflight_wanted: '(.*)'", resolved).group(1)
-    assert all(re.match(wanted, k) for k in inventory.ROLE_PORT_VARS), wanted
+    assert all(re.match(wanted, k) for k in ROLE_PORT_VARS), wanted
     assert not re.match(wanted, "node_exporter_textfile_dir")
     with pytest.raises(ValueError, match="roles/node_exporter/defaults/main.yml: node_exporter_portt is None"):
         rules.role_port("node_exporter", "node_exporter_portt")

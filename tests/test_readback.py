@@ -16,6 +16,7 @@ import yaml
 
 from pdstack.controller import pipeline
 from pdstack.controller.load import inventory
+from pdstack.controller.load.facts import load_facts
 from pdstack.controller.render import artifacts, frontdoor, frontdoor_check, readback
 from pdstack.errors import InventoryError
 
@@ -45,7 +46,7 @@ def _edit(inv: Path, rel: str, fn) -> None:
 
 def _plan(inv: Path):
     dep = inventory.load(inv)
-    return pipeline.make_plan(dep, pipeline.load_facts(REF, list(dep.hosts)))
+    return pipeline.make_plan(dep, load_facts(REF, list(dep.hosts)))
 
 
 def _refused(inv: Path, *fragments: str) -> str:
@@ -124,7 +125,7 @@ def test_an_env_value_the_env_file_cannot_carry_is_refused_naming_it(inv: Path):
 @pytest.fixture(scope="module")
 def good():
     dep = inventory.load(ROOT / "inventory" / "production")
-    return dep, pipeline.make_plan(dep, pipeline.load_facts(REF, list(dep.hosts)))
+    return dep, pipeline.make_plan(dep, load_facts(REF, list(dep.hosts)))
 
 
 def test_the_shipped_plan_reads_back_clean(good):
@@ -212,7 +213,7 @@ def test_rendered_haproxy_cfg_reads_back_as_its_directives(good):
     _dep, plan = good
     fd = plan.router.frontdoor
     kw = dict(api_key_file="/etc/haproxy/keys", user="haproxy", chroot="/var/lib/haproxy")
-    from pdstack.controller.render.encoders import parse_haproxy
+    from pdstack.controller.render.readers import parse_haproxy
 
     assert parse_haproxy(frontdoor.haproxy_config(fd, **kw)) == frontdoor.haproxy_directives(fd, **kw)
     off = {**fd, "max_concurrent_requests": -1}
@@ -284,7 +285,7 @@ def test_cors_origins_a_browser_sends_are_accepted_and_read_back(good):
     fd = {**plan.router.frontdoor, "cors_origins": ["https://chat.example.com", "http://10.0.0.5:3000",
                                                     "http://[fd00::1]:8080"]}
     assert frontdoor_check.frontdoor_problems(fd, fd["bind"], True) == []
-    from pdstack.controller.render.encoders import parse_haproxy
+    from pdstack.controller.render.readers import parse_haproxy
 
     back = parse_haproxy(frontdoor.haproxy_config(fd))
     acl = [d.args for d in back if d.keyword == "acl" and d.args[0] == "pdstack_cors_origin"]

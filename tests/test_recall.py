@@ -12,19 +12,20 @@ from pathlib import Path
 import pytest
 
 from pdstack.controller.gates import recall, recall_report
+from pdstack.controller.gates.needles import KEYS, Needle, PromptBuilder, TokenCounter, needle_depths
 from pdstack.testing.sim import model
 from pdstack.testing.sim.vocab import TOKENIZER_DIR as SIM_TOKENIZER
 
 
 @pytest.fixture(scope="module")
 def builder():
-    return recall.PromptBuilder(recall.TokenCounter(SIM_TOKENIZER), 9000)
+    return PromptBuilder(TokenCounter(SIM_TOKENIZER), 9000)
 
 
 @pytest.mark.parametrize("length", [500, 1000, 4096, 8000])
 @pytest.mark.parametrize("depth", [0, 33, 100])
 def test_prompt_has_exact_token_count_and_needle_at_depth(builder, length, depth):
-    n = recall.Needle("amber harbor", "123456", depth)
+    n = Needle("amber harbor", "123456", depth)
     prompt = builder.build(length, [n], n)
     assert builder.counter.count(prompt) == length == model.count_tokens(prompt)  # the sim counts the same
     ans = model.answer(prompt, 0)
@@ -34,9 +35,9 @@ def test_prompt_has_exact_token_count_and_needle_at_depth(builder, length, depth
 
 
 def test_multi_needle_prompt_has_every_needle(builder):
-    ns = [recall.Needle(k, str(100000 + i), d) for i, (k, d) in
-          enumerate(zip(recall.KEYS, recall.needle_depths(50, 3), strict=False))]
-    assert recall.needle_depths(50, 3) == [50, 83.333, 16.667]
+    ns = [Needle(k, str(100000 + i), d) for i, (k, d) in
+          enumerate(zip(KEYS, needle_depths(50, 3), strict=False))]
+    assert needle_depths(50, 3) == [50, 83.333, 16.667]
     for n in ns:
         prompt = builder.build(2000, ns, n)
         assert builder.counter.count(prompt) == 2000

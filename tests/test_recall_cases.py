@@ -10,6 +10,7 @@ import time
 import pytest
 
 from pdstack.controller.gates import recall, recall_report
+from pdstack.controller.gates.needles import KEYS, cell_needles
 from pdstack.controller.load import inventory, recall_grid
 from pdstack.testing.sim import model
 from pdstack.testing.sim.faults import Faults
@@ -43,8 +44,8 @@ def test_look_alike_keys_fail_a_sim_that_confuses_them_while_single_needles_pass
 def test_multikey_prompt_has_look_alike_keys_and_asks_one():
     import random
 
-    ns, asked = recall.cell_needles("multikey", 50, 4, random.Random(0), 2)
-    base = recall.KEYS[2]
+    ns, asked = cell_needles("multikey", 50, 4, random.Random(0), 2)
+    base = KEYS[2]
     assert len(ns) == 4 and asked == ns[:1] and asked[0].depth == 50
     assert all(n.key.startswith(base + " ") and n.key[len(base) + 1:].isdigit() for n in ns)
     assert len({n.key for n in ns}) == 4 and len({n.code for n in ns}) == 4
@@ -135,10 +136,11 @@ def test_the_production_plan_prints_the_recall_gate_as_the_docs_show_it():
     from pathlib import Path
 
     from pdstack.controller import pipeline
+    from pdstack.controller.load.facts import load_facts
     from pdstack.controller.plan.text import render_text
 
     dep = inventory.load("inventory/production")
-    plan = pipeline.make_plan(dep, pipeline.load_facts("tests/topologies/reference-2node-8gpu.json", list(dep.hosts)))
+    plan = pipeline.make_plan(dep, load_facts("tests/topologies/reference-2node-8gpu.json", list(dep.hosts)))
     lines = [ln for ln in render_text(plan).splitlines() if ln.startswith(("recall gate:", "  smoke ", "  --full "))]
     assert len(lines) == 3 and "lengths 1024," in lines[1] and ",131072;" in lines[1] and "budget 180 s" in lines[1]
     doc = (Path(__file__).resolve().parents[1] / "docs" / "smoke-and-watchdog.md").read_text()

@@ -14,9 +14,10 @@ import pytest
 
 from pdstack.controller import pipeline
 from pdstack.controller.load import inventory
+from pdstack.controller.load.facts import load_facts
 from pdstack.controller.plan import planner
 from pdstack.controller.plan import text as plan_text
-from pdstack.controller.render import frontdoor
+from pdstack.controller.plan.planner import MAINTENANCE_FILE
 from pdstack.controller.render import frontdoor_answers as answers
 from pdstack.hostside import probe
 from pdstack.hostside.facts import collect
@@ -59,12 +60,12 @@ def test_one_of_each_role_drains_through_the_front_door_and_drain_defaults_to_th
     plan = _plan("inventory/test/one-host")
     assert {s.rollout["drain"] for s in plan.servers} == {"frontdoor"}
     dep = inventory.load(ROOT / "inventory/production")
-    prod = pipeline.make_plan(dep, pipeline.load_facts(ROOT / "tests/topologies/reference-2node-8gpu.json",
+    prod = pipeline.make_plan(dep, load_facts(ROOT / "tests/topologies/reference-2node-8gpu.json",
                                                      list(dep.hosts)))
     # unset drain_timeout_secs: the router's request timeout (no request outlives it)
     assert prod.rollout == {"drain_timeout_secs": dep.router["request_timeout_secs"], "probe_timeout_secs": 120,
                             "watchdog_hold_file": planner.WATCHDOG_HOLD_FILE}
-    assert prod.router.frontdoor["maintenance_file"] == frontdoor.MAINTENANCE_FILE
+    assert prod.router.frontdoor["maintenance_file"] == MAINTENANCE_FILE
 
 
 def test_the_front_door_and_the_probe_agree_on_the_refusal_names():
@@ -144,6 +145,7 @@ def test_the_probe_names_the_front_doors_answer(reason, code, words):
 ])
 def test_recall_retries_busy_refusals_but_not_the_router_down(reason, status, asked, graded):
     from pdstack.controller.gates import recall
+    from pdstack.controller.gates.needles import Needle
 
     body = json.dumps({"error": {"message": answers.MESSAGES[reason], "type": answers.BODY_TYPES[reason],
                                  "code": 503}})
@@ -159,7 +161,7 @@ def test_recall_retries_busy_refusals_but_not_the_router_down(reason, status, as
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), cls)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        out = recall.ask(f"http://127.0.0.1:{srv.server_address[1]}", "prompt", recall.Needle("k", "1234", 50),
+        out = recall.ask(f"http://127.0.0.1:{srv.server_address[1]}", "prompt", Needle("k", "1234", 50),
                          timeout=5, max_new_tokens=4, retries=2, backoff_s=0.01)
     finally:
         srv.shutdown()

@@ -17,6 +17,7 @@ import pytest
 
 from pdstack.controller import pipeline
 from pdstack.controller.load import inventory
+from pdstack.controller.load.facts import load_facts
 from pdstack.image import p2p
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ esac
 
 def gate_of(inv: str, topo: str) -> dict:
     dep = inventory.load(ROOT / inv)
-    plan = pipeline.make_plan(dep, pipeline.load_facts(ROOT / "tests/topologies" / topo, list(dep.hosts)))
+    plan = pipeline.make_plan(dep, load_facts(ROOT / "tests/topologies" / topo, list(dep.hosts)))
     (host,) = [h for h, g in plan.p2p.items() if g["devices"]]
     return plan.p2p[host]
 

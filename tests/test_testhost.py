@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from pdstack.errors import PdstackError
-from pdstack.testing import testhost
-from pdstack.testing.testhost import access, baseimage, zipimport_cache
+from pdstack.testing.testhost import access, baseimage, common, zipimport_cache
 from pdstack.testing.testhost import hosts as testhosts
+from pdstack.testing.testhost.inventory import inventory, inventory_for, write_inventory
 
 REPO = Path(__file__).resolve().parents[1]
 COLLECTIONS = REPO / ".collections"
@@ -33,15 +33,15 @@ COLLECTIONS = REPO / ".collections"
 def test_unreachable_engine_says_how_to_fix(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     with pytest.raises(PdstackError, match=r"\./dev\.sh setup"):
-        testhost.client()
+        common.client()
 
 
 def test_base_image_tag_follows_the_recipe(monkeypatch):
-    tag = testhost.base_image_tag()
+    tag = baseimage.base_image_tag()
     assert tag.startswith("pdstack/testhost-base:") and len(tag.split(":")[1]) == 12
-    assert testhost.base_image_tag() == tag
+    assert baseimage.base_image_tag() == tag
     monkeypatch.setattr(baseimage, "INCLUDE", (*baseimage.INCLUDE, "less"))
-    assert testhost.base_image_tag() != tag
+    assert baseimage.base_image_tag() != tag
 
 
 def _zip_import_in_a_fresh_python(tmp_path, cache_dir, body: str) -> subprocess.CompletedProcess:
@@ -124,8 +124,8 @@ def test_prefix_is_checked(bad):
 
 def test_inventory_reaches_hosts_over_ssh_through_docker_exec(tmp_path):
     """The written inventory carries the test inventories' own connection variables (connection.yml, one file)."""
-    inv = testhost.inventory_for(["h-1", "h-2"])
-    path = testhost.write_inventory(inv, tmp_path / "inv.yml")
+    inv = inventory_for(["h-1", "h-2"])
+    path = write_inventory(inv, tmp_path / "inv.yml")
     loaded = yaml.safe_load(path.read_text())
     assert loaded == inv
     conn = yaml.safe_load((REPO / "inventory/test/common/group_vars/all/connection.yml").read_text())
@@ -159,7 +159,7 @@ def test_the_key_is_made_once_and_kept(tmp_path):
 @pytest.fixture(scope="module")
 def engine():
     try:
-        return testhost.client()
+        return common.client()
     except PdstackError as e:
         pytest.skip(f"no Docker engine reachable ({str(e).splitlines()[0]}); ./dev.sh setup starts one")
 
@@ -169,7 +169,7 @@ def _prefix() -> str:
 
 
 def _labelled(engine, prefix: str) -> dict[str, set[str]]:
-    f = {"label": [f"{testhost.LABEL}={prefix}"]}
+    f = {"label": [f"{common.LABEL}={prefix}"]}
     return {
         "containers": {c.name for c in engine.containers.list(all=True, filters=f)},
         "volumes": {v.name for v in engine.volumes.list(filters=f)},
@@ -181,10 +181,10 @@ def _labelled(engine, prefix: str) -> dict[str, set[str]]:
 def hosts(engine):
     prefix = _prefix()
     try:
-        names = testhost.up(count=2, prefix=prefix)
+        names = testhosts.up(count=2, prefix=prefix)
         yield prefix, names
     finally:
-        testhost.down(prefix)
+        testhosts.down(prefix)
 
 
 @pytest.mark.slow
@@ -194,14 +194,14 @@ def test_up_boots_systemd_hosts(engine, hosts):
     for name in names:
         ct = engine.containers.get(name)
         assert ct.status == "running"
-        assert ct.labels[testhost.LABEL] == prefix
+        assert ct.labels[common.LABEL] == prefix
         state = ct.exec_run(["systemctl", "is-system-running"]).output.decode().strip()
         assert state in ("running", "degraded"), f"{name}: systemd says {state}"
         assert ct.exec_run(["hostname"]).output.decode().strip() == name
         mounts = {m["Destination"]: m for m in ct.attrs["Mounts"]}
-        assert mounts["/var/lib/docker"]["Name"] == testhost.volume_name(name)
-    assert [row["name"] for row in testhost.status(prefix)] == names
-    assert all(row["systemd"] in ("running", "degraded") and row["ip"] for row in testhost.status(prefix))
+        assert mounts["/var/lib/docker"]["Name"] == testhosts.volume_name(name)
+    assert [row["name"] for row in testhosts.status(prefix)] == names
+    assert all(row["systemd"] in ("running", "degraded") and row["ip"] for row in testhosts.status(prefix))
 
 
 @pytest.mark.slow
@@ -209,7 +209,7 @@ def test_hosts_answer_ansible_ping(hosts, tmp_path):
     prefix, names = hosts
     assert (COLLECTIONS / "ansible_collections/ansible/posix").is_dir(), "run ./dev.sh setup (extracts .collections)"
     inv = tmp_path / "inventory.yml"
-    testhost.inventory(prefix, inv)
+    inventory(prefix, inv)
     env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS), "ANSIBLE_NOCOLOR": "1"}
     ansible = Path(sys.executable).parent / "ansible"
     res = subprocess.run(
@@ -255,7 +255,7 @@ def test_hosts_answer_ansible_ping(hosts, tmp_path):
 
 
 def engine_gateway(prefix: str) -> str:
-    net = testhost.client().networks.get(testhost.network_name(prefix))
+    net = common.client().networks.get(testhosts.network_name(prefix))
     return net.attrs["IPAM"]["Config"][0]["Gateway"]
 
 
@@ -279,7 +279,7 @@ def test_second_up_changes_nothing(engine, hosts):
         return _labelled(engine, prefix), {n: (c.id, c.attrs["State"]["StartedAt"]) for n, c in cts.items()}
 
     before = snapshot()
-    assert testhost.up(count=2, prefix=prefix) == names
+    assert testhosts.up(count=2, prefix=prefix) == names
     # the controller's key, authorized by each up, is there once
     key = access.KEY.with_name(access.KEY.name + ".pub").read_text().strip()
     for name in names:
@@ -294,7 +294,7 @@ def test_up_starts_a_stopped_host_and_keeps_its_volume(engine, hosts):
     ct = engine.containers.get(names[1])
     ct.exec_run(["touch", "/var/lib/docker/marker"])
     ct.stop(timeout=20)  # RTMIN+3: systemd halts in about a second
-    assert testhost.up(count=2, prefix=prefix) == names
+    assert testhosts.up(count=2, prefix=prefix) == names
     ct.reload()
     assert ct.status == "running"
     assert ct.exec_run(["test", "-e", "/var/lib/docker/marker"]).exit_code == 0
@@ -304,45 +304,45 @@ def test_up_starts_a_stopped_host_and_keeps_its_volume(engine, hosts):
 @pytest.mark.slow
 def test_up_refuses_a_foreign_container_with_a_host_name(engine):
     prefix = _prefix()
-    image = testhost.ensure_base_image()
+    image = baseimage.ensure_base_image()
     foreign = engine.containers.create(image, name=f"{prefix}-1")
     try:
         with pytest.raises(PdstackError, match="not made by pdstack testhost"):
-            testhost.up(count=1, prefix=prefix)
+            testhosts.up(count=1, prefix=prefix)
         engine.containers.get(foreign.id)  # still there
     finally:
         foreign.remove(force=True)
-        testhost.down(prefix)
+        testhosts.down(prefix)
 
 
 @pytest.mark.slow
 def test_down_removes_exactly_what_up_made(engine, hosts):
     prefix, names = hosts
-    image = testhost.ensure_base_image()
+    image = baseimage.ensure_base_image()
     other = f"{prefix}-other"
     decoys = {
         # Same naming pattern, no label: down must select by label, not by name.
         "container": engine.containers.create(image, name=f"{prefix}-3"),
-        "volume": engine.volumes.create(testhost.volume_name(f"{prefix}-3")),
+        "volume": engine.volumes.create(testhosts.volume_name(f"{prefix}-3")),
         "network": engine.networks.create(f"{prefix}-decoy"),
         # Labelled, but for another prefix.
-        "other": engine.containers.create(image, name=f"{other}-1", labels={testhost.LABEL: other}),
+        "other": engine.containers.create(image, name=f"{other}-1", labels={common.LABEL: other}),
     }
     try:
         expected = {
             "containers": names,
-            "volumes": [testhost.volume_name(n) for n in names],
-            "networks": [testhost.network_name(prefix)],
+            "volumes": [testhosts.volume_name(n) for n in names],
+            "networks": [testhosts.network_name(prefix)],
         }
         assert _labelled(engine, prefix) == {k: set(v) for k, v in expected.items()}
-        assert testhost.down(prefix) == expected
+        assert testhosts.down(prefix) == expected
         assert _labelled(engine, prefix) == {"containers": set(), "volumes": set(), "networks": set()}
         engine.containers.get(decoys["container"].id)
         engine.volumes.get(decoys["volume"].name)
         engine.networks.get(decoys["network"].id)
         engine.containers.get(decoys["other"].id)
         engine.images.get(image)  # the base image cache stays
-        assert testhost.down(prefix) == {"containers": [], "volumes": [], "networks": []}
+        assert testhosts.down(prefix) == {"containers": [], "volumes": [], "networks": []}
     finally:
         decoys["container"].remove(force=True)
         decoys["other"].remove(force=True)

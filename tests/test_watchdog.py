@@ -11,6 +11,7 @@ import pytest
 from pdstack.hostside import drain, watchdog_state
 from pdstack.hostside import probe as P
 from pdstack.hostside import watchdog as W
+from pdstack.hostside.watchdog_state import read_hold
 
 
 class FakeClock:
@@ -182,7 +183,7 @@ def test_a_planned_restart_holds_the_watchdog_no_probe_no_restart_count_cleared(
 
 def test_a_holds_reason_reaches_the_journal_and_state_as_one_bounded_line(tmp_path):
     hold_file = hold_for(tmp_path, 60, "rolling restart of x\nFAKE: restarting everything\x1b[31m" + "y" * 500)
-    until, reason = W.read_hold(str(hold_file), time.time())
+    until, reason = read_hold(str(hold_file), time.time())
     assert "\n" not in reason and "\x1b" not in reason and len(reason) == 200
     assert reason.startswith("rolling restart of x FAKE: restarting everything")
 

@@ -27,7 +27,7 @@ from pdstack.controller.plan.planner import Plan
 from pdstack.controller.render import artifacts, readback
 from pdstack.errors import InventoryError
 
-__all__ = ["load_facts", "make_plan"]
+__all__ = ["make_plan"]
 
 
 def make_plan(dep: Deployment, facts: dict[str, dict], require_image: bool = False, deploy: bool | None = None

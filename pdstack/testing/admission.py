@@ -45,10 +45,11 @@ def rendered_router_flags(inventory: str | Path = "inventory/local",
     drain), minus the workers and listen addresses a loopback stack sets itself."""
     from pdstack.controller import pipeline
     from pdstack.controller.load import inventory as inv
+    from pdstack.controller.load.facts import load_facts
 
     root = Path(__file__).resolve().parents[2]
     dep = inv.load(root / inventory)
-    plan = pipeline.make_plan(dep, pipeline.load_facts(root / facts, list(dep.hosts)))
+    plan = pipeline.make_plan(dep, load_facts(root / facts, list(dep.hosts)))
     out, flags, i = [], plan.router.flags, 0
     skip = {"--pd-disaggregation": 0, "--prefill": 2, "--decode": 1, "--host": 1, "--port": 1,
             "--prometheus-host": 1, "--prometheus-port": 1}

@@ -19,6 +19,7 @@ import pytest
 
 from pdstack.testing import admission
 from pdstack.testing.admission import DECODE_TPS, request
+from pdstack.testing.sim.launch import http_get
 
 pytestmark = pytest.mark.slow
 
@@ -280,7 +281,7 @@ def test_idle_connections_past_every_limit_leave_the_exporter_answering(stack):
         t0 = time.monotonic()
         assert fd.metric("haproxy_frontend_current_sessions", proxy="pdstack") == m - 64
         assert time.monotonic() - t0 < 2.0
-        status, _ = admission.http_get(f"http://127.0.0.1:{fd.metrics_port}/health", timeout=2)
+        status, _ = http_get(f"http://127.0.0.1:{fd.metrics_port}/health", timeout=2)
         assert status == 200
     finally:
         for s in socks:
@@ -460,7 +461,7 @@ def test_an_unknown_model_is_404_model_not_found_through_the_openai_sdk(stack):
 
 
 def _decode_aborted(st: admission.Stack) -> float:
-    _, raw = admission.http_get(st.decode.url + "/metrics", timeout=2)
+    _, raw = http_get(st.decode.url + "/metrics", timeout=2)
     return sum(float(ln.rsplit(" ", 1)[1]) for ln in raw.decode().splitlines()
                if ln.startswith("sglang:num_aborted_requests_total"))
 
@@ -566,7 +567,7 @@ SPELLINGS = ["/Workers", "/WORKERS", "//workers", "/./workers", "/v1/../workers"
 
 def _workers(st: admission.Stack) -> list[str]:
     """The router's own worker list, read where pdstack's tools read it: the router's port on loopback."""
-    _, raw = admission.http_get(st.router.url + "/workers", timeout=5)
+    _, raw = http_get(st.router.url + "/workers", timeout=5)
     return sorted(w["url"] for w in json.loads(raw)["workers"])
 
 
@@ -659,7 +660,7 @@ def test_cors_is_off_by_default_and_only_the_allowed_origins_get_it(stack):
                           f"\r\n\r\n".encode(), wait=10)
         assert r["status"] == 200 and not [h for h in r["headers"] if h.startswith("access-control-")], r
     # the router itself does answer with a wildcard (what the front door removes)
-    _, raw_router = admission.http_get(stack.router.url + "/v1/models", timeout=5)
+    _, raw_router = http_get(stack.router.url + "/v1/models", timeout=5)
     ok = "https://chat.example.com"
     fd = stack.with_frontdoor(max_concurrent_requests=2, queue_size=2, queue_timeout_secs=5, cors_origins=[ok],
                               served_models=["pdstack-sim"])

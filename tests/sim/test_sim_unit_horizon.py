@@ -5,17 +5,17 @@ selects (unknown on a real card)."""
 import pytest
 
 from pdstack.errors import PdstackError
-from pdstack.switches import index_k_env
+from pdstack.switches import BF16_INDEX_K_ENV, TILELANG_INDEXER_ENV, index_k_env
 from pdstack.testing.sim import cli
 
 
 def test_default_horizon_follows_the_bf16_index_key_switch(monkeypatch):
-    monkeypatch.delenv(cli.BF16_INDEX_K_ENV, raising=False)
-    monkeypatch.delenv(cli.TILELANG_INDEXER_ENV, raising=False)
+    monkeypatch.delenv(BF16_INDEX_K_ENV, raising=False)
+    monkeypatch.delenv(TILELANG_INDEXER_ENV, raising=False)
     assert cli.default_recall_horizon() == 2048  # upstream fp8 keys: the field's collapse
-    monkeypatch.setenv(cli.BF16_INDEX_K_ENV, "1")
+    monkeypatch.setenv(BF16_INDEX_K_ENV, "1")
     assert cli.default_recall_horizon() == 0  # unlimited
-    monkeypatch.setenv(cli.BF16_INDEX_K_ENV, "0")
+    monkeypatch.setenv(BF16_INDEX_K_ENV, "0")
     assert cli.default_recall_horizon() == 2048
 
 

@@ -22,7 +22,9 @@ import urllib.parse
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pdstack.controller.gates import apikey, gates_tools, recall, recall_report
+from pdstack.controller.gates import apikey, recall_report
+from pdstack.controller.gates.needles import KEYS, Needle, PromptBuilder, TokenCounter
+from pdstack.controller.gates.tool_cases import ASK, TOOL
 
 DEFAULT_LENGTHS = [1000, 4000, 16000]
 DISCONNECT_FRACTIONS = (0.2, 0.5, 0.8, 0.95)  # of the victim's alone TTFT: mid-prefill ... mid-transfer
@@ -170,12 +172,12 @@ class ChurnResult:
 
 
 def fixed_prompts(tokenizer: str | Path, lengths: list[int], model: str, max_tokens: int) -> dict[str, dict]:
-    builder = recall.PromptBuilder(recall.TokenCounter(tokenizer), max(lengths))
+    builder = PromptBuilder(TokenCounter(tokenizer), max(lengths))
     out = {}
     for i, n in enumerate(lengths):
-        needle = recall.Needle(recall.KEYS[i % len(recall.KEYS)], f"{4821 + 1117 * i}", 50.0)
+        needle = Needle(KEYS[i % len(KEYS)], f"{4821 + 1117 * i}", 50.0)
         out[f"needle@{recall_report.kilo(n)}"] = _chat_body(model, builder.build(n, [needle], needle), max_tokens)
-    out["tool_call"] = _chat_body(model, gates_tools.ASK, max(max_tokens, 256), tools=[gates_tools.TOOL])
+    out["tool_call"] = _chat_body(model, ASK, max(max_tokens, 256), tools=[TOOL])
     return out
 
 
@@ -200,8 +202,8 @@ def run_churn_gate(url: str, *, tokenizer: str | Path, lengths: list[int] | None
                            problem=apikey.refused(status, headers) or f"asked alone, prompts failed: {bad}")
 
     rng = random.Random(seed if seed is not None else random.SystemRandom().getrandbits(64))
-    builder = recall.PromptBuilder(recall.TokenCounter(tokenizer), max(lengths))
-    vkey = recall.Needle("victim", "0000", 50.0)
+    builder = PromptBuilder(TokenCounter(tokenizer), max(lengths))
+    vkey = Needle("victim", "0000", 50.0)
 
     def victim_body() -> dict:  # a fresh first sentence each time, so the prefix cache cannot shortcut its prefill
         nonce = " ".join(rng.choice(NONCE_WORDS) for _ in range(16)).capitalize() + ". "

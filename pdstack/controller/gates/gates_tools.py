@@ -30,7 +30,7 @@ from pdstack.controller.gates.tool_cases import ASK, CASES, KNOWN_UPSTREAM, MARK
 THINK_QUESTION = "The secret code for Alice is 4821. What is the secret code for Alice?"
 THINK_MAX_TOKENS = 2048
 CONCURRENCY = 4  # checks in flight at once (at most the front door's max_concurrent_requests: agent_gates.py)
-__all__ = ["ASK", "MARKUP", "TOOL", "TOOL_RESULT", "ToolGateResult", "check_tool_call", "run_tool_gate"]
+__all__ = ["ToolGateResult", "check_tool_call", "run_tool_gate"]
 
 
 class GateHTTPError(Exception):

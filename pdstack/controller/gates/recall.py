@@ -46,18 +46,16 @@ from pathlib import Path
 from typing import Any
 
 from pdstack.controller.gates import apikey, heatmap, results
-from pdstack.controller.gates.needles import (  # noqa: F401 (the prompts: churn.py and tests use them from here)
-    HAYSTACK,
-    KEYS,
+from pdstack.controller.gates.needles import (
     Needle,
     PromptBuilder,
     TokenCounter,
     cell_needles,
-    needle_depths,
 )
 from pdstack.controller.gates.recall_report import Cell, Outcome, RecallReport, kilo
 from pdstack.controller.gates.smoke_settings import DEFAULTS, NO_TOKENIZER, list_type
 from pdstack.controller.load import recall_grid
+from pdstack.controller.load.smoke_schema import KINDS
 from pdstack.hostside.probe import BUSY_REASONS, REFUSAL_HEADER, ROUTER_DOWN_REASON, refusal_reason
 
 RETRIES = 3  # retries of a 429/408 refusal
@@ -147,7 +145,7 @@ def run_recall(url: str, *, lengths: list[int], depths: list[float], tokenizer: 
                 progress(done, total, time.monotonic() - start)
     for c in cells:  # keep needles in depth order for the JSON, whatever order they finished in
         c.outcomes.sort(key=lambda o: o.depth)
-    order = [k for k in recall_grid.KINDS if k in variants]
+    order = [k for k in KINDS if k in variants]
     return RecallReport(url=url, tokenizer=counter.path, lengths=sorted(lengths), depths=depths, variants=order,
                         needles=needles, cells=cells, min_horizon=min_horizon, elapsed_s=time.monotonic() - start,
                         build_s=build_s)
@@ -241,8 +239,8 @@ def kinds(variant) -> str:
     return ",".join(recall_grid.kinds(variant))
 
 
-variant_list = list_type(lambda v: v, lambda v: v in (*recall_grid.KINDS, "both"),
-                         f"give case kinds: {', '.join(recall_grid.KINDS)} (or both = single,multi)")
+variant_list = list_type(lambda v: v, lambda v: v in (*KINDS, "both"),
+                         f"give case kinds: {', '.join(KINDS)} (or both = single,multi)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pdstack.controller.load import inventory, recall_grid, variables
+from pdstack.controller.load.smoke_schema import SMOKE
 from pdstack.errors import InventoryError
 
 NO_TOKENIZER = ("no tokenizer: give --tokenizer DIR (pdstack_smoke.tokenizer with -i), the model's tokenizer "
@@ -49,7 +50,7 @@ def _schema_defaults(schema) -> dict[str, Any]:
     return out
 
 
-DEFAULTS = settings(_schema_defaults(variables.SMOKE), _schema_defaults(variables.ADMISSION))
+DEFAULTS = settings(_schema_defaults(SMOKE), _schema_defaults(variables.ADMISSION))
 
 
 def model_tokenizer_dir(dep: inventory.Deployment) -> Path:

@@ -13,15 +13,10 @@ One module per concern:
     sbom                                       the CycloneDX SBOM of the locked base's distributions
     contexts                                   the docker build context of each flavor
     manifest                                   labels check, the manifest file, the table for people
+    common                                     paths, BuildError, progress output, hashing, the build locks
     ship                                       docker save (+ sha256) and push
 
 The image tag is the first 16 hex digits of a sha256 over every input: the Dockerfile and the files it copies,
 the patch series (series file + the patches it lists), the kernel sources, the pinned versions, and the base
 reference. When an image with that tag exists, `build` only rewrites the manifest (a no-op; well under 5 s).
 """
-
-from pdstack.controller.imagebuild.common import BuildError
-from pdstack.controller.imagebuild.manifest import format_manifest
-from pdstack.controller.imagebuild.pipeline import build
-
-__all__ = ["BuildError", "build", "format_manifest"]

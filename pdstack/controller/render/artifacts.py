@@ -24,6 +24,7 @@ from pdstack.controller.load import tables
 from pdstack.controller.load.inventory import Deployment
 from pdstack.controller.plan.planner import ROUTER_LAUNCHER, SGLANG_LAUNCHER, SIM_LAUNCHER, Plan
 from pdstack.controller.render import encoders, firewall, frontdoor_check
+from pdstack.controller.render.readers import parse_env_file, systemd_split
 
 
 def template_exec_line(argv: list[str]) -> str:
@@ -44,7 +45,7 @@ def _source(words: list[str], i: int, extra: dict[str, Any], owned: dict[str, st
 def _carried(word: str) -> bool:
     """The unit template's quoting, read by systemd, gives the word back."""
     try:
-        return encoders.systemd_split(template_exec_line([word])) == [word]
+        return systemd_split(template_exec_line([word])) == [word]
     except ValueError:
         return False
 
@@ -66,7 +67,7 @@ def _exec_problems(what: str, argv: list[str], launcher_len: int, extra: dict[st
             out.append(f"{what}: {src}: {w!r} does not read back from the unit's ExecStart= as written (the unit "
                        "template quotes for a shell; systemd also expands $ and reads backslash escapes); change "
                        "the value")
-    if not out and encoders.systemd_split(template_exec_line(argv)) != argv:  # pragma: no cover - words checked
+    if not out and systemd_split(template_exec_line(argv)) != argv:  # pragma: no cover - words checked
         out.append(f"{what}: the unit's ExecStart= does not read back as the argv")
     return out
 
@@ -127,7 +128,7 @@ def env_problems(what: str, env: dict[str, str], inventory_env: dict[str, Any]) 
     if out:
         return out
     text = "".join(f"{k}={v}\n" for k, v in sorted(env.items()))  # server.env.j2: dictsort
-    back = encoders.parse_env_file(text)
+    back = parse_env_file(text)
     if back != env:
         diff = sorted(k for k in set(back) | set(env) if back.get(k) != env.get(k))
         out.append(f"{what}: env {diff} do not read back from the env file as set; change them")

@@ -4,7 +4,7 @@ rendered artifact can be read back and compared with what was meant (render/read
 
 An encoder raises EncodeError (a ValueError) naming the value and why; callers prefix the variable it came from.
 A renderer's command line (firewall.py, frontdoor.py) reads the plan with read_plan and ends in write_or_refuse.
-The readers are in render/readers.py (re-exported here).
+Each sink's reader is in render/readers.py.
 """
 
 from __future__ import annotations
@@ -18,15 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from pdstack.controller.load import flags
-from pdstack.controller.render.readers import (  # noqa: F401 (each sink's reader, beside its encoder)
+from pdstack.controller.render.readers import (
     SECTION_KEYWORDS,
     Directive,
-    haproxy_split,
-    parse_docker_volume,
-    parse_env_file,
-    parse_haproxy,
-    parse_prom_labels,
-    systemd_split,
 )
 
 ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -59,9 +59,8 @@ import argparse
 import sys
 from typing import Any
 
-from pdstack.controller.plan.planner import MAINTENANCE_FILE, RUNTIME_SOCKET  # noqa: F401 (the plan's)
+from pdstack.controller.plan.planner import MAINTENANCE_FILE, RUNTIME_SOCKET
 from pdstack.controller.render.encoders import (
-    Directive,
     haproxy_address,
     haproxy_text,
     json_text,
@@ -90,6 +89,7 @@ from pdstack.controller.render.frontdoor_answers import (
     json_error,
     json_error_lf,
 )
+from pdstack.controller.render.readers import Directive
 
 BACKEND = "pdstack_router"
 REFUSE_BACKEND = "pdstack_refuse"

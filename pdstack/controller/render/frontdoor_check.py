@@ -12,8 +12,10 @@ import ipaddress
 import re
 from typing import Any
 
+from pdstack.controller.plan.planner import MAINTENANCE_FILE, RUNTIME_SOCKET
 from pdstack.controller.render import frontdoor
-from pdstack.controller.render.encoders import EncodeError, haproxy_address, haproxy_word, parse_haproxy
+from pdstack.controller.render.encoders import EncodeError, haproxy_address, haproxy_word
+from pdstack.controller.render.readers import parse_haproxy
 
 # HAProxy keeps timers in ms in a signed 32-bit int: `timeout ...` and `hard-stop-after` above 2**31-1 ms
 # (~24.8 days) are refused by `haproxy -c` ("timer overflow", measured on 2.6.12).
@@ -196,6 +198,6 @@ def frontdoor_problems(fd: dict[str, Any], router_address: str, production: bool
     out = bind_problems(fd, router_address, production) + limit_problems(fd)
     if out:
         return out
-    render = {**ROLE_RENDER, "stats_socket": fd.get("runtime_socket") or frontdoor.RUNTIME_SOCKET,
-              "maintenance_file": fd.get("maintenance_file") or frontdoor.MAINTENANCE_FILE}
+    render = {**ROLE_RENDER, "stats_socket": fd.get("runtime_socket") or RUNTIME_SOCKET,
+              "maintenance_file": fd.get("maintenance_file") or MAINTENANCE_FILE}
     return readback_problems(fd, **render)

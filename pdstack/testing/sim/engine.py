@@ -31,6 +31,7 @@ from pdstack.testing.sim.bootstrap import BootstrapClient, BootstrapFailed, Room
 from pdstack.testing.sim.config import Role, SimConfig
 from pdstack.testing.sim.faults import Faults
 from pdstack.testing.sim.metrics import SimMetrics
+from pdstack.testing.sim.vocab import EOS_ID
 
 log = logging.getLogger("pdstack.testing.sim")
 
@@ -254,7 +255,7 @@ class Engine:
         if cfg.role is Role.PREFILL:
             reason = {"type": "length", "length": emitted}
         elif finish_type == "stop":
-            reason = {"type": "stop", "matched": model.EOS_ID}
+            reason = {"type": "stop", "matched": EOS_ID}
         else:
             reason = {"type": "length", "length": emitted}
         self.metrics.request_finished(req.stream, n_prompt, emitted, e2e)

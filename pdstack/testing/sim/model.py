@@ -25,7 +25,7 @@ import string
 from dataclasses import dataclass
 
 from pdstack.testing.sim import toolcalls
-from pdstack.testing.sim.vocab import EOS_ID, PIECE_RE, TOKEN_RE, VOCAB, token_id
+from pdstack.testing.sim.vocab import PIECE_RE, TOKEN_RE, token_id
 
 NEEDLE_RE = re.compile(r"The secret code for (?P<key>[^.?\n]+?) is (?P<code>[^\s.]+)\.")
 CALL_RE = re.compile(r"\bcall\s+([A-Za-z_][\w.\-]*)", re.IGNORECASE)  # a turn asking for a tool call
@@ -318,8 +318,6 @@ def piece_id(piece: str) -> int:
 
 __all__ = [
     "Answer",
-    "EOS_ID",
-    "VOCAB",
     "answer",
     "count_tokens",
     "output_pieces",

@@ -23,13 +23,12 @@ from http import HTTPStatus
 import aiohttp
 from aiohttp import web
 
-from pdstack.testing.sim import SGLANG_COMPAT_VERSION, SIM_VERSION, TEST_ENGINE_LABEL, model, parsing
+from pdstack.testing.sim import SGLANG_COMPAT_VERSION, SIM_VERSION, TEST_ENGINE_LABEL, parsing
 from pdstack.testing.sim.bootstrap import BootstrapClient, make_bootstrap_app
 from pdstack.testing.sim.config import Role, SimConfig
 from pdstack.testing.sim.engine import Engine, Finish, GenRequest, SimAbort, Token
 from pdstack.testing.sim.faults import FaultError, Faults
-from pdstack.testing.sim.http_shapes import (  # noqa: F401 (re-exported: the sim's HTTP shapes)
-    DEFAULT_COMPLETION_MAX_TOKENS,
+from pdstack.testing.sim.http_shapes import (
     DEFAULT_MAX_NEW_TOKENS,
     SHUTDOWN_GRACE_S,
     SSE_HEADERS,
@@ -38,6 +37,7 @@ from pdstack.testing.sim.http_shapes import (  # noqa: F401 (re-exported: the si
 )
 from pdstack.testing.sim.metrics import CONTENT_TYPE, SimMetrics
 from pdstack.testing.sim.openai_api import OpenAIRoutes
+from pdstack.testing.sim.vocab import VOCAB
 
 log = logging.getLogger("pdstack.testing.sim")
 
@@ -282,7 +282,7 @@ class SimServer(OpenAIRoutes):
                 ids = body["input_ids"]
                 if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
                     raise BadRequest("the sim accepts input_ids only as one flat list of ints")
-                inv = {v: k for k, v in model.VOCAB.items()}
+                inv = {v: k for k, v in VOCAB.items()}
                 text = " ".join(inv.get(i, "<unk>") for i in ids)
             if not isinstance(text, str):
                 raise BadRequest("the sim accepts `text` as one string (no batches)")

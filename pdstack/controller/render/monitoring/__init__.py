@@ -5,6 +5,3 @@ The monitoring role calls `python -m pdstack.controller.render.monitoring ...` o
 functions
 directly.
 """
-
-# Grafana names the role provisions and the dashboards refer to: the planner defines them (plan.monitoring.grafana).
-from pdstack.controller.plan.planner import DATASOURCE_UID, FOLDER  # noqa: F401

@@ -18,7 +18,7 @@ from grafana_foundation_sdk.builders import timeseries as gts
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
 
-from pdstack.controller.render.monitoring import DATASOURCE_UID, FOLDER
+from pdstack.controller.plan.planner import DATASOURCE_UID, FOLDER
 
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
 RATE = "$__rate_interval"  # the rate window Grafana picks for the scrape interval and the zoom
