@@ -2,7 +2,7 @@
 (the argv through the upstream parsers is render/readback.py's):
 
 - each unit's ExecStart= as the roles' templates write it (`argv | map('quote') | join(' ') | replace('%', '%%')`,
-  roles/serving and roles/router) split back by systemd's rules (encoders.systemd_split) to the same argv, and
+  roles/serving and roles/router) split back by systemd's rules (readers.systemd_split) to the same argv, and
   every word the template writes unquoted (container, cpuset, image, the model volume) one plain word;
 - each server's env file (roles/serving server.env.j2: KEY=VALUE lines, dictsort) parsed back as docker's
   --env-file reader does, to the same keys and values;

@@ -2,7 +2,7 @@
 
 `haproxy -c` is not enough: it accepts a `maxconn` the process then cannot start with (it needs 2 x maxconn + a few
 file descriptors and exits "Cannot raise FD limit"), so the limits here are HAProxy's own, measured (docs/facts.md,
-"HAProxy"). The rendered text is also read back (encoders.parse_haproxy) and must hold exactly the directives the
+"HAProxy"). The rendered text is also read back (readers.parse_haproxy) and must hold exactly the directives the
 renderer wrote: no value can add, drop or change a directive.
 """
 
