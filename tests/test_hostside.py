@@ -22,7 +22,7 @@ SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
 # Which pdstack files each rule allows (the package root and errors.py are stdlib-only and shared).
 ALLOWED = {
     "hostside": {"pdstack/__init__.py", "pdstack/hostside/__init__.py", "pdstack/hostside/__main__.py",
-                 "pdstack/hostside/haproxy.py", "pdstack/hostside/facts.py",
+                 "pdstack/hostside/haproxy.py", "pdstack/hostside/atomic.py", "pdstack/hostside/facts.py",
                  "pdstack/hostside/probe.py", "pdstack/hostside/watchdog.py", "pdstack/hostside/watchdog_state.py",
                  "pdstack/hostside/restart_unit.py",
                  "pdstack/hostside/drain.py", "pdstack/hostside/status_collect.py", "pdstack/hostside/model_fetch.py",

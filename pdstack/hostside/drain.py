@@ -43,7 +43,7 @@ import time
 import urllib.error
 import urllib.request
 
-from pdstack.hostside import haproxy, watchdog_state
+from pdstack.hostside import atomic, haproxy, watchdog_state
 
 # The gauges that count a server's requests in flight (SGLang's names: running, waiting, and the PD queues) and the
 # front door's (HAProxy's Prometheus exporter: sessions at and queued for the router backend).
@@ -203,13 +203,8 @@ def hold(path: str, seconds: float, reason: str) -> dict:
     if not 0 < seconds <= watchdog_state.MAX_HOLD_S:
         raise Failed(f"--seconds {seconds:g}: a hold lasts more than 0 and at most {watchdog_state.MAX_HOLD_S} s")
     until = time.time() + seconds
-    parent = os.path.dirname(path) or "."
     try:
-        os.makedirs(parent, mode=0o755, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"until": until, "reason": reason}, f)
-        os.replace(tmp, path)
+        atomic.write(path, json.dumps({"until": until, "reason": reason}))
     except OSError as e:
         raise Failed(f"cannot write the watchdog's hold file {path}: {e}") from e
     return {"changed": True, "until": until, "msg": f"watchdog held for {seconds:g} s: {reason}"}

@@ -50,6 +50,7 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
+from pdstack.hostside import atomic
 from pdstack.hostside.model_source import Source, fetch_file
 from pdstack.hostside.model_store import (
     RECORD,
@@ -66,7 +67,6 @@ from pdstack.hostside.model_store import (
     lock_dest,
     part_path,
     report,
-    write_atomic,
     write_status,
 )
 
@@ -157,7 +157,7 @@ def _fetch(a: argparse.Namespace, run: Run, out: dict) -> None:
     new = {"lock_sha256": vouched, "files": dict(sorted(run.record.items()))}
     record_changed = new != old
     if record_changed and not a.check:
-        write_atomic(os.path.join(a.dest, RECORD), json.dumps(new, indent=1) + "\n")
+        atomic.write(os.path.join(a.dest, RECORD), json.dumps(new, indent=1) + "\n", durable=True)
     out["changed"] = bool((todo if a.check else run.placed) or chmods or record_changed)
     if failures:
         msg = "; ".join(str(f) for f in failures[:3])

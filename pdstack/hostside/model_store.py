@@ -15,6 +15,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from pdstack.hostside import atomic
+
 STAGING = ".pdstack-staging"
 RECORD = ".pdstack-verified.json"
 CHUNK = 1 << 20
@@ -99,16 +101,6 @@ def load_record(dest: str) -> dict:
     return doc if isinstance(doc, dict) and isinstance(doc.get("files"), dict) else {}
 
 
-def write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -184,7 +176,7 @@ def write_status(run: Run, path: str | None, state: str, snap: dict, error: str 
     if path:
         doc = {"state": state, **snap, "updated": round(time.time(), 3), **({"error": error} if error else {})}
         try:
-            write_atomic(path, run.redact(json.dumps(doc)) + "\n")
+            atomic.write(path, run.redact(json.dumps(doc)) + "\n", durable=True)
         except OSError as err:  # a report that cannot be written stops no fetch
             print(f"model fetch: cannot write --status {path}: {err}", file=sys.stderr)
 

@@ -51,8 +51,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pdstack.hostside import atomic
 from pdstack.hostside import probe as probe_mod
-from pdstack.hostside.watchdog_state import HOUR_S, State, atomic_write, read_hold, textfile
+from pdstack.hostside.watchdog_state import HOUR_S, State, read_hold, textfile
 
 log = logging.getLogger("pdstack.hostside.watchdog")
 
@@ -295,7 +296,7 @@ def run_once(cfg: Config, **kw) -> int:
         wd.state.save(cfg.state_file)
         if cfg.textfile:
             try:
-                atomic_write(cfg.textfile, textfile(wd.state, cfg.max_restarts_per_hour, wd.clock.time()))
+                atomic.write(cfg.textfile, textfile(wd.state, cfg.max_restarts_per_hour, wd.clock.time()))
             except OSError as e:
                 log.error("cannot write %s: %s", cfg.textfile, e)
 

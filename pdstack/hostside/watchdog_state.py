@@ -12,9 +12,10 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from pdstack.hostside import atomic
 
 log = logging.getLogger("pdstack.hostside.watchdog")
 
@@ -50,21 +51,7 @@ class State:
             return cls()
 
     def save(self, path: str) -> None:
-        atomic_write(path, json.dumps(asdict(self), indent=1) + "\n")
-
-
-def atomic_write(path: str, text: str) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        atomic.write(path, json.dumps(asdict(self), indent=1) + "\n")
 
 
 # The longest hold one planned restart may write (drain.py `hold` refuses more); a file that reaches further is not

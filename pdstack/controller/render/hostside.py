@@ -18,9 +18,10 @@ import hashlib
 import io
 import json
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
+
+from pdstack.hostside import atomic
 
 ROOT = Path(__file__).resolve().parents[3]
 FILENAME = "pdstack-hostside.pyz"
@@ -51,16 +52,8 @@ def build_bytes(root: Path = ROOT) -> bytes:
 def build(dest: Path, root: Path = ROOT) -> str:
     """Write the artifact to `dest` (replaced atomically, and only when its bytes differ); its sha256."""
     data = build_bytes(root)
-    dest.parent.mkdir(parents=True, exist_ok=True)
     if not dest.is_file() or dest.read_bytes() != data:
-        with tempfile.NamedTemporaryFile(dir=dest.parent, prefix=f".{dest.name}.", delete=False) as f:
-            f.write(data)
-        tmp = Path(f.name)
-        try:
-            tmp.chmod(0o644)
-            tmp.replace(dest)  # a reader (a copy task, a status run) sees the old file or the whole new one
-        finally:
-            tmp.unlink(missing_ok=True)
+        atomic.write(dest, data)  # a reader (a copy task, a status run) sees the old file or the whole new one
     return hashlib.sha256(data).hexdigest()
 
 
